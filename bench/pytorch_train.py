@@ -1,0 +1,319 @@
+#!/usr/bin/python3
+"""PyTorch baseline for dtrain: trains the same pre-LN Transformers as dtrain's
+example configs (examples/configs/{lm-small,cls-seed}.json) on one CPU thread
+and prints tokens/s and MFU, at the fastest PyTorch settings found on this
+machine kind.
+
+  bench/pytorch_train.py --config lm-small --steps 10 --variant auto
+
+--variant auto times every variant for a few steps (each in its own process,
+since BLAS library and malloc policy are fixed at process start), prints the
+table, then times the fastest for --steps. --variant NAME runs one variant.
+The last lines are `name: value` pairs for scripts (bench/compare-pytorch.sh).
+
+FLOPs per token = 6 * N_matmul + 12 * L * d * T, N_matmul = weights of the
+matmuls (QKV, out proj, fc1, fc2 per layer, plus LM or classifier head);
+MFU = tokens/s * FLOPs per token / gemm_peak, gemm_peak = the variant's own
+best fp32 2048^3 matmul on the same thread count.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
+OPENBLAS_DIR = LIBDIR / "openblas-pthread"   # Debian libopenblas0-pthread
+REFBLAS_DIR = LIBDIR / "blas"                # Debian libblas3 (reference BLAS)
+# glibc keeps freed blocks (< 32 MiB) in its heap instead of unmapping them, so
+# PyTorch's per-step activations do not pay first-touch page faults every step.
+GLIBC_KEEP = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
+
+# name -> (process environment, how nn.Linear runs, note). Every variant is fp32.
+VARIANTS = {
+    "openblas": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR)}, "torch",
+                 "eager, nn.Linear -> OpenBLAS sgemm"),
+    "openblas-keepmem": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP},
+                         "torch", "as openblas, glibc malloc keeps freed memory"),
+    "mkldnn-linear": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR)}, "mkldnn",
+                      "nn.Linear -> oneDNN inner product (mkldnn tensors), bmm -> OpenBLAS"),
+    "mkldnn-linear-keepmem": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP},
+                              "mkldnn", "as mkldnn-linear, glibc malloc keeps freed memory"),
+    "openblas-nomkldnn": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP},
+                          "torch-nomkldnn", "openblas-keepmem with torch.backends.mkldnn off"),
+    # Slow (reference BLAS, what python3-torch gets without libopenblas0): not in auto.
+    "refblas": ({"LD_LIBRARY_PATH": str(REFBLAS_DIR)}, "torch", "eager, reference BLAS"),
+}
+AUTO_VARIANTS = [v for v in VARIANTS if v != "refblas"]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="lm-small",
+                   help="lm-small | cls-seed | path to a dtrain JSON config")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--variant", default="auto", help="auto | " + " | ".join(VARIANTS))
+    p.add_argument("--sweep-steps", type=int, default=3, help="timed steps per variant in auto")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def load_config(name):
+    path = Path(name) if name.endswith(".json") else REPO / "examples" / "configs" / f"{name}.json"
+    with open(path) as f:
+        cfg = json.load(f)
+    m, opt = cfg["model"], cfg["optimizer"]
+    return {
+        "name": path.stem, "kind": m["kind"], "vocab": m["vocab_size"], "d": m["d_model"],
+        "heads": m["n_heads"], "layers": m["n_layers"], "d_ff": m["d_ff"],
+        "seq": cfg["data"]["seq_len"], "batch": cfg["train"]["micro_batch_size"],
+        "classes": m.get("num_classes", 0), "lr": opt["lr"], "wd": opt["weight_decay"],
+        "clip": opt.get("grad_clip", 1.0),
+    }
+
+
+def flops_per_token(c):
+    d, L = c["d"], c["layers"]
+    n_matmul = L * (3 * d * d + d * d + 2 * d * c["d_ff"])
+    n_matmul += d * c["vocab"] if c["kind"] == "lm" else d * c["classes"]
+    return 6 * n_matmul + 12 * L * d * c["seq"]
+
+
+# ---------------------------------------------------------------- the models
+def build_model(c, linear_impl):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class MkldnnLinear(nn.Linear):
+        # oneDNN inner product; the weight stays a dense tensor (what
+        # mkldnn_linear's backward requires), activations convert per call.
+        def forward(self, x):
+            shape = x.shape
+            y = torch._C._nn.mkldnn_linear(x.reshape(-1, shape[-1]).to_mkldnn(),
+                                           self.weight, self.bias)
+            return y.to_dense().view(*shape[:-1], self.out_features)
+
+    Linear = MkldnnLinear if linear_impl == "mkldnn" else nn.Linear
+
+    class Block(nn.Module):
+        # x = x + attn(LN1(x)); x = x + mlp(LN2(x)); [B,T,d] -> [B,T,d]
+        def __init__(self):
+            super().__init__()
+            d = c["d"]
+            self.heads, self.hd = c["heads"], d // c["heads"]
+            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-5), nn.LayerNorm(d, eps=1e-5)
+            self.qkv, self.proj = Linear(d, 3 * d), Linear(d, d)
+            self.fc1, self.fc2 = Linear(d, c["d_ff"]), Linear(c["d_ff"], d)
+            mask = torch.full((c["seq"], c["seq"]), float("-inf")).triu(1)
+            self.register_buffer("mask", mask if c["kind"] == "lm" else None, persistent=False)
+
+        def forward(self, x):
+            B, T, d = x.shape
+            qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0] * (1.0 / math.sqrt(self.hd)), qkv[1], qkv[2]   # [B,H,T,hd]
+            att = q @ k.transpose(-2, -1)                                     # [B,H,T,T]
+            if self.mask is not None:
+                att = att + self.mask[:T, :T]
+            y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d)
+            x = x + self.proj(y)
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            d = c["d"]
+            self.tok = nn.Embedding(c["vocab"], d)
+            self.pos = nn.Parameter(torch.empty(c["seq"], d))
+            self.blocks = nn.ModuleList(Block() for _ in range(c["layers"]))
+            self.ln_f = nn.LayerNorm(d, eps=1e-5)
+            if c["kind"] == "lm":
+                self.head = Linear(d, c["vocab"], bias=False)
+            else:
+                self.head = Linear(d, c["classes"])
+
+        def forward(self, tokens, targets):
+            x = self.tok(tokens) + self.pos[: tokens.shape[1]]
+            for blk in self.blocks:
+                x = blk(x)
+            x = self.ln_f(x)
+            if c["kind"] == "lm":
+                logits = self.head(x)
+                return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            return F.cross_entropy(self.head(x.mean(dim=1)), targets)
+
+    model = Model()
+    for name, p in model.named_parameters():
+        if name.startswith("ln") or ".ln" in name:
+            continue  # LayerNorm keeps weight 1, bias 0
+        if p.dim() >= 2:
+            nn.init.normal_(p, 0.0, 0.02)
+        else:
+            nn.init.zeros_(p)
+    return model
+
+
+def make_optimizer(model, c):
+    import torch
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() != 2]
+    groups = [{"params": decay, "weight_decay": c["wd"]}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=c["lr"], foreach=True)
+
+
+def make_batch(c, gen):
+    import torch
+    B, T = c["batch"], c["seq"]
+    if c["kind"] == "lm":
+        seq = torch.randint(0, c["vocab"], (B, T + 1), generator=gen)
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+    return (torch.randint(0, c["vocab"], (B, T), generator=gen),
+            torch.randint(0, c["classes"], (B,), generator=gen))
+
+
+def gemm_peak_gflops(linear_impl, n=2048, min_seconds=1.0):
+    import torch
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    if linear_impl == "mkldnn":
+        am = a.to_mkldnn()
+        run = lambda: torch._C._nn.mkldnn_linear(am, b, None)  # noqa: E731
+    else:
+        run = lambda: torch.mm(a, b)  # noqa: E731
+    run()
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def blas_library():
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if "blas" in line and line.split()[-1].startswith("/")}
+    return ",".join(sorted(Path(p).parent.name + "/" + Path(p).name for p in libs)) or "none"
+
+
+def run_variant(args, c):
+    """Trains in this process; prints the variant's figures as name: value lines."""
+    import torch
+    torch.set_num_threads(args.threads)
+    _, linear_impl, _ = VARIANTS[args.variant]
+    if linear_impl == "torch-nomkldnn":
+        torch.backends.mkldnn.enabled = False
+    torch.manual_seed(0)
+    model = build_model(c, linear_impl)
+    opt = make_optimizer(model, c)
+    gen = torch.Generator().manual_seed(1)
+    times = []
+    for step in range(args.warmup + args.steps):
+        tokens, targets = make_batch(c, gen)
+        t0 = time.perf_counter()
+        loss = model(tokens, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    tokens_per_s = c["batch"] * c["seq"] / step_s
+    peak = gemm_peak_gflops(linear_impl)
+    mfu = tokens_per_s * flops_per_token(c) / (peak * 1e9)
+    print(f"config: {c['name']}")
+    print(f"variant: {args.variant}")
+    print(f"blas: {blas_library()}")
+    print(f"threads: {torch.get_num_threads()}")
+    print(f"steps: {args.steps}")
+    print(f"final_loss: {loss.item():.4f}")
+    print(f"step_ms: {step_s * 1e3:.1f}")
+    print(f"step_ms_min: {min(times) * 1e3:.1f}")
+    print(f"tokens_per_s: {tokens_per_s:.1f}")
+    print(f"flops_per_token: {flops_per_token(c)}")
+    print(f"gemm_peak_gflops: {peak:.1f}")
+    print(f"mfu: {mfu:.4f}")
+
+
+def child_command(args, variant, steps):
+    return [sys.executable, str(Path(__file__).resolve()), "--config", args.config,
+            "--variant", variant, "--steps", str(steps), "--warmup", str(args.warmup),
+            "--threads", str(args.threads), "--child"]
+
+
+def child_env(args, variant):
+    env = dict(os.environ)
+    env.update(VARIANTS[variant][0])
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(args.threads)
+    return env
+
+
+def parse_figures(text):
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def print_table(rows):
+    print(f"{'variant':<24} {'step_ms':>9} {'tokens/s':>10} {'peak GF/s':>10} {'MFU':>7}  note")
+    for name, fig in rows:
+        if fig is None:
+            print(f"{name:<24} {'failed':>9}")
+            continue
+        print(f"{name:<24} {float(fig['step_ms']):>9.1f} {float(fig['tokens_per_s']):>10.1f} "
+              f"{float(fig['gemm_peak_gflops']):>10.1f} {float(fig['mfu']):>7.3f}  "
+              f"{VARIANTS[name][2]}")
+    sys.stdout.flush()
+
+
+def main():
+    args = parse_args()
+    c = load_config(args.config)
+    if args.variant != "auto" and args.variant not in VARIANTS:
+        sys.exit(f"unknown variant '{args.variant}'; one of: auto, {', '.join(VARIANTS)}")
+    if args.child:
+        run_variant(args, c)
+        return
+    variants = AUTO_VARIANTS if args.variant == "auto" else [args.variant]
+    rows = []
+    if args.variant == "auto":
+        print(f"# sweep: {c['name']}, {args.warmup} warm-up + {args.sweep_steps} timed steps each, "
+              f"{args.threads} thread(s)")
+        for v in variants:
+            res = subprocess.run(child_command(args, v, args.sweep_steps), env=child_env(args, v),
+                                 capture_output=True, text=True)
+            fig = parse_figures(res.stdout) if res.returncode == 0 else None
+            if fig is None:
+                print(f"# {v} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+            rows.append((v, fig))
+        print_table(rows)
+        ok = [(name, fig) for name, fig in rows if fig is not None]
+        if not ok:
+            sys.exit("every variant failed")
+        best = max(ok, key=lambda r: float(r[1]["tokens_per_s"]))[0]
+        print(f"# fastest: {best}; timing it for {args.steps} steps")
+    else:
+        best = args.variant
+    res = subprocess.run(child_command(args, best, args.steps), env=child_env(args, best),
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"variant {best} failed:\n{res.stderr[-4000:]}")
+    fig = parse_figures(res.stdout)
+    print_table([(best, fig)])
+    print("# command: " + " ".join(["bench/pytorch_train.py", "--config", args.config, "--steps",
+                                    str(args.steps), "--variant", best]))
+    sys.stdout.write(res.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+#include "nn/adamw.h"
+
+#include <cmath>
+
+namespace dtrain::nn {
+
+void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                  std::int64_t n, const AdamWHyper& hyper, float weight_decay,
+                  std::int64_t step) {
+  const double t = static_cast<double>(step);
+  const float bias_correction1 = static_cast<float>(1.0 - std::pow(hyper.beta1, t));
+  const float bias_correction2 = static_cast<float>(1.0 - std::pow(hyper.beta2, t));
+  const float step_size = hyper.lr / bias_correction1;
+  const float inv_bc2_sqrt = 1.0f / std::sqrt(bias_correction2);
+  const float decay = 1.0f - hyper.lr * weight_decay;
+  const float b1 = hyper.beta1, b2 = hyper.beta2, eps = hyper.eps;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    const float m = b1 * exp_avg[i] + (1.0f - b1) * g;
+    const float v = b2 * exp_avg_sq[i] + (1.0f - b2) * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    const float denom = std::sqrt(v) * inv_bc2_sqrt + eps;
+    param[i] = param[i] * decay - step_size * m / denom;
+  }
+}
+
+void adamw_step(const ParameterLayout& layout, std::span<float> params,
+                std::span<const float> grads, std::span<float> exp_avg,
+                std::span<float> exp_avg_sq, const AdamWHyper& hyper, std::int64_t step) {
+  for (const ParamSpec& p : layout.params()) {
+    const std::int64_t off = layout.block_offset(p.block) + p.offset;
+    adamw_update(params.data() + off, grads.data() + off, exp_avg.data() + off,
+                 exp_avg_sq.data() + off, p.numel, hyper, p.decay ? hyper.weight_decay : 0.0f,
+                 step);
+  }
+}
+
+double sum_of_squares(const float* x, std::int64_t n) {
+  // Float partial sums over chunks keep the loop vectorised; chunks add in double.
+  constexpr std::int64_t kChunk = 1024;
+  double total = 0.0;
+  for (std::int64_t c = 0; c < n; c += kChunk) {
+    const std::int64_t end = c + kChunk < n ? c + kChunk : n;
+    float partial = 0.0f;
+    for (std::int64_t i = c; i < end; ++i) partial += x[i] * x[i];
+    total += partial;
+  }
+  return total;
+}
+
+float clip_factor(double global_norm, float max_norm) {
+  if (max_norm <= 0.0f) return 1.0f;
+  const double coef = static_cast<double>(max_norm) / (global_norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+void scale(float* x, std::int64_t n, float factor) {
+  if (factor == 1.0f) return;
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+}  // namespace dtrain::nn

@@ -1,0 +1,241 @@
+#include "nn/cpu/matmul.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+
+#include <dnnl.hpp>
+
+#include "core/aligned_buffer.h"
+#include "core/error.h"
+
+namespace dtrain::nn::cpu {
+namespace {
+
+// The cache key: every field of Gemm plus whether a bias is given.
+struct Key {
+  Gemm g;
+  bool bias = false;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& key) const {
+    const Gemm& g = key.g;
+    std::size_t h = 0;
+    auto mix = [&h](std::int64_t v) {
+      h ^= std::hash<std::int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    };
+    for (std::int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b,
+                           g.stride_c}) {
+      mix(v);
+    }
+    std::int32_t alpha_bits = 0;
+    static_assert(sizeof(alpha_bits) == sizeof(g.alpha));
+    std::memcpy(&alpha_bits, &g.alpha, sizeof(alpha_bits));
+    mix(alpha_bits);
+    mix((g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.accumulate ? 4 : 0) | (key.bias ? 8 : 0));
+    return h;
+  }
+};
+
+// One cached primitive with its memory objects and argument array, so that a
+// call only swaps data handles.
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory a, b, c, bias;
+  std::array<dnnl_exec_arg_t, 4> args{};
+  int nargs = 0;
+  std::string impl;
+};
+
+// Per-thread state: see the threading contract in matmul.h.
+struct ThreadCache {
+  dnnl::stream stream;
+  std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> entries;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+ThreadCache& thread_cache() {
+  thread_local ThreadCache cache{dnnl::stream(cpu_engine()), {}};
+  return cache;
+}
+
+// A stored matrix of `rows` x `cols` elements with leading dimension ld, read
+// as logical [outer, inner] (transposed when `trans`).
+struct Operand {
+  std::int64_t rows, cols, ld, stride;
+};
+
+Operand operand(std::int64_t outer, std::int64_t inner, bool trans, std::int64_t ld,
+                std::int64_t stride) {
+  Operand o{trans ? inner : outer, trans ? outer : inner, ld, stride};
+  if (o.ld == 0) o.ld = o.cols;
+  if (o.stride == 0) o.stride = o.rows * o.ld;
+  return o;
+}
+
+// The oneDNN view of a logical [outer, inner] matrix (batched: [batch, outer, inner]).
+dnnl::memory::desc describe(const Operand& o, bool trans, std::int64_t batch) {
+  using dt = dnnl::memory::data_type;
+  const std::int64_t outer = trans ? o.cols : o.rows;
+  const std::int64_t inner = trans ? o.rows : o.cols;
+  const std::int64_t s_outer = trans ? 1 : o.ld;
+  const std::int64_t s_inner = trans ? o.ld : 1;
+  if (batch == 1) return {{outer, inner}, dt::f32, dnnl::memory::dims{s_outer, s_inner}};
+  return {{batch, outer, inner}, dt::f32, dnnl::memory::dims{o.stride, s_outer, s_inner}};
+}
+
+void validate(const Gemm& g, bool with_bias) {
+  auto fail = [&g](const char* why) {
+    throw Error(fmt::format("gemm {}: {}", gemm_string(g), why));
+  };
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) fail("m, n, k and batch must be positive");
+  if (g.lda < 0 || g.ldb < 0 || g.ldc < 0 || g.stride_a < 0 || g.stride_b < 0 || g.stride_c < 0) {
+    fail("leading dimensions and strides must not be negative");
+  }
+  if (g.lda != 0 && g.lda < (g.trans_a ? g.m : g.k)) fail("lda is smaller than a stored row of A");
+  if (g.ldb != 0 && g.ldb < (g.trans_b ? g.k : g.n)) fail("ldb is smaller than a stored row of B");
+  if (g.ldc != 0 && g.ldc < g.n) fail("ldc is smaller than n");
+  if (with_bias && g.alpha != 1.0f) fail("alpha != 1 with a bias is not supported");
+}
+
+std::unique_ptr<Entry> create_entry(const Key& key) {
+  const Gemm& g = key.g;
+  validate(g, key.bias);
+  const Operand oa = operand(g.m, g.k, g.trans_a, g.lda, g.stride_a);
+  const Operand ob = operand(g.k, g.n, g.trans_b, g.ldb, g.stride_b);
+  const Operand oc = operand(g.m, g.n, false, g.ldc, g.stride_c);
+  const dnnl::memory::desc a = describe(oa, g.trans_a, g.batch);
+  const dnnl::memory::desc b = describe(ob, g.trans_b, g.batch);
+  const dnnl::memory::desc c = describe(oc, false, g.batch);
+  const dnnl::memory::dims bias_dims =
+      g.batch == 1 ? dnnl::memory::dims{1, g.n} : dnnl::memory::dims{1, 1, g.n};
+  const dnnl::memory::desc bias(bias_dims, dnnl::memory::data_type::f32,
+                                g.batch == 1 ? dnnl::memory::format_tag::ab
+                                             : dnnl::memory::format_tag::abc);
+
+  dnnl::primitive_attr attr;
+  if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
+  if (g.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::desc desc = key.bias ? dnnl::matmul::desc(a, b, bias, c)
+                                           : dnnl::matmul::desc(a, b, c);
+  const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+
+  auto entry = std::make_unique<Entry>();
+  entry->impl = pd.impl_info_str();
+  // oneDNN's reference kernels are two orders of magnitude slower than its JIT
+  // ones; no shape tested picks them (test_matmul), so one that does is a bug.
+  if (entry->impl.rfind("ref", 0) == 0) {
+    throw Error(fmt::format("gemm {} bias={}: oneDNN offers only its reference implementation "
+                            "'{}'; use dense leading dimensions or another layout",
+                            gemm_string(g), key.bias, entry->impl));
+  }
+  entry->prim = dnnl::matmul(pd);
+  entry->a = dnnl::memory(a, cpu_engine(), DNNL_MEMORY_NONE);
+  entry->b = dnnl::memory(b, cpu_engine(), DNNL_MEMORY_NONE);
+  entry->c = dnnl::memory(c, cpu_engine(), DNNL_MEMORY_NONE);
+  entry->args[0] = {DNNL_ARG_SRC, entry->a.get()};
+  entry->args[1] = {DNNL_ARG_WEIGHTS, entry->b.get()};
+  entry->args[2] = {DNNL_ARG_DST, entry->c.get()};
+  entry->nargs = 3;
+  if (key.bias) {
+    entry->bias = dnnl::memory(bias, cpu_engine(), DNNL_MEMORY_NONE);
+    entry->args[3] = {DNNL_ARG_BIAS, entry->bias.get()};
+    entry->nargs = 4;
+  }
+  return entry;
+}
+
+Entry& lookup(const Gemm& g, bool with_bias) {
+  ThreadCache& cache = thread_cache();
+  const Key key{g, with_bias};
+  auto it = cache.entries.find(key);
+  if (it != cache.entries.end()) return *it->second;
+  try {
+    return *cache.entries.emplace(key, create_entry(key)).first->second;
+  } catch (const dnnl::error& e) {
+    throw Error(fmt::format("gemm {} bias={}: oneDNN could not create the matmul: {} (status {})",
+                            gemm_string(g), with_bias, e.what(), static_cast<int>(e.status)));
+  }
+}
+
+void check_status(dnnl_status_t status, const char* what, const Gemm& g) {
+  if (status != dnnl_success) {
+    throw Error(fmt::format("gemm {}: oneDNN {} failed with status {}", gemm_string(g), what,
+                            static_cast<int>(status)));
+  }
+}
+
+}  // namespace
+
+void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias) {
+  Entry& e = lookup(g, bias != nullptr);
+  // oneDNN takes non-const handles; it never writes through a, b or bias.
+  check_status(dnnl_memory_set_data_handle_v2(e.a.get(), const_cast<float*>(a), nullptr),
+               "set_data_handle(A)", g);
+  check_status(dnnl_memory_set_data_handle_v2(e.b.get(), const_cast<float*>(b), nullptr),
+               "set_data_handle(B)", g);
+  check_status(dnnl_memory_set_data_handle_v2(e.c.get(), c, nullptr), "set_data_handle(C)", g);
+  if (bias != nullptr) {
+    check_status(dnnl_memory_set_data_handle_v2(e.bias.get(), const_cast<float*>(bias), nullptr),
+                 "set_data_handle(bias)", g);
+  }
+  // The C API, because the C++ execute() builds a std::vector of arguments per call.
+  ThreadCache& cache = thread_cache();
+  check_status(dnnl_primitive_execute(e.prim.get(), cache.stream.get(), e.nargs, e.args.data()),
+               "execute", g);
+  check_status(dnnl_stream_wait(cache.stream.get()), "stream wait", g);
+}
+
+std::string gemm_impl_info(const Gemm& g, bool with_bias) { return lookup(g, with_bias).impl; }
+
+std::size_t gemm_cache_size() { return thread_cache().entries.size(); }
+
+std::string gemm_string(const Gemm& g) {
+  return fmt::format(
+      "[m={} n={} k={} trans_a={} trans_b={} accumulate={} alpha={} lda={} ldb={} ldc={} "
+      "batch={} stride_a={} stride_b={} stride_c={}]",
+      g.m, g.n, g.k, g.trans_a, g.trans_b, g.accumulate, g.alpha, g.lda, g.ldb, g.ldc, g.batch,
+      g.stride_a, g.stride_b, g.stride_c);
+}
+
+double measure_gemm_peak_gflops(std::int64_t n, double min_seconds) {
+  DTRAIN_CHECK(n > 0, "n = {}", n);
+  const auto count = static_cast<std::size_t>(n * n);
+  AlignedBuffer<float> a(count), b(count), c(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+    b[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
+  }
+  Gemm g;
+  g.m = g.n = g.k = n;
+  gemm(g, a.data(), b.data(), c.data());  // warm-up: creates the primitive, touches caches
+
+  using clock = std::chrono::steady_clock;
+  double best = 1e300;
+  const auto start = clock::now();
+  int reps = 0;
+  while (reps < 3 || std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
+    const auto t0 = clock::now();
+    gemm(g, a.data(), b.data(), c.data());
+    best = std::min(best, std::chrono::duration<double>(clock::now() - t0).count());
+    ++reps;
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best /
+         1e9;
+}
+
+}  // namespace dtrain::nn::cpu

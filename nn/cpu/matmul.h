@@ -1,0 +1,64 @@
+// Every matrix multiply of dtrain's CPU training loop: one call on oneDNN's
+// matmul primitive (JIT, AVX-512 where the CPU has it). No GEMM loops elsewhere.
+//
+// Threading: callable from any number of threads at once. Each thread owns its
+// own cache of primitives, memory objects and stream (oneDNN's default
+// scratchpad belongs to the thread that created a primitive, and a cached
+// memory object can only point at one caller's data), so threads share nothing
+// but the engine. Parallelism inside one call follows the calling thread's
+// OpenMP setting (omp_get_max_threads()).
+//
+// Memory: the first call with a given Gemm (and bias present or not) creates
+// and caches a primitive; later calls with the same Gemm only swap data
+// pointers and allocate nothing themselves. (oneDNN 2.6's execute still makes
+// a few small internal allocations for its argument map: see test_matmul.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dtrain::nn::cpu {
+
+// Row-major C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] (+ bias[N] broadcast over
+// rows) (+ C if accumulate).
+// op(A) = A stored [M,K] (lda >= K), or with trans_a: A stored [K,M] (lda >= M).
+// op(B) = B stored [K,N] (ldb >= N), or with trans_b: B stored [N,K] (ldb >= K).
+// Batched (batch > 1): item i uses a + i*stride_a, b + i*stride_b,
+// c + i*stride_c and the same bias. A stride of 0 means dense: rows * ld of the
+// stored matrix (m*k, k*n, m*n when the leading dimensions are dense too).
+// REQUIRES: m, n, k, batch > 0; alpha == 1 when a bias is given (oneDNN would
+// scale the bias too).
+struct Gemm {
+  std::int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  bool accumulate = false;  // C += result (oneDNN sum post-op), else C = result
+  float alpha = 1.0f;       // scale of the product (e.g. 1/sqrt(head_dim))
+  std::int64_t lda = 0, ldb = 0, ldc = 0;  // leading dimensions in elements; 0 = dense
+  std::int64_t batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements; 0 = dense
+
+  bool operator==(const Gemm&) const = default;
+};
+
+// Runs g. a, b, c (and bias, if not null) must hold the elements g addresses;
+// c must not overlap a, b or bias. Throws dtrain::Error naming the shape when
+// g is malformed or oneDNN fails.
+void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias = nullptr);
+
+// The oneDNN implementation that runs g (e.g. "brg:avx512_core"); creates and
+// caches the primitive like gemm() does. For tests and tools.
+std::string gemm_impl_info(const Gemm& g, bool with_bias);
+
+// Primitives cached by the calling thread.
+std::size_t gemm_cache_size();
+
+// "m=.. n=.. k=.. trans_a=.. ..." for messages.
+std::string gemm_string(const Gemm& g);
+
+// fp32 GEMM peak of gemm() on n x n x n in GFLOP/s: best of timed repetitions
+// after a warm-up, repeated for at least min_seconds, with the calling thread's
+// OpenMP setting. The denominator of MFU in dtrain's benchmarks.
+double measure_gemm_peak_gflops(std::int64_t n = 2048, double min_seconds = 1.0);
+
+}  // namespace dtrain::nn::cpu

@@ -1,0 +1,37 @@
+#include "nn/gelu.h"
+
+#include "nn/cpu/vec_math.h"
+
+namespace dtrain::nn {
+
+namespace {
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+constexpr std::int64_t kChunk = 4096;
+}  // namespace
+
+void gelu_forward(const float* x, float* y, std::int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t c = 0; c < n; c += kChunk) {
+    const std::int64_t end = c + kChunk < n ? c + kChunk : n;
+    for (std::int64_t i = c; i < end; ++i) {
+      const float v = x[i];
+      y[i] = 0.5f * v * (1.0f + cpu::fast_erf(v * kInvSqrt2));
+    }
+  }
+}
+
+void gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t c = 0; c < n; c += kChunk) {
+    const std::int64_t end = c + kChunk < n ? c + kChunk : n;
+    for (std::int64_t i = c; i < end; ++i) {
+      const float v = x[i];
+      const float cdf = 0.5f * (1.0f + cpu::fast_erf(v * kInvSqrt2));
+      const float pdf = kInvSqrt2Pi * cpu::fast_exp(-0.5f * v * v);
+      dx[i] = dy[i] * (cdf + v * pdf);
+    }
+  }
+}
+
+}  // namespace dtrain::nn

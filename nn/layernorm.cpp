@@ -1,0 +1,67 @@
+#include "nn/layernorm.h"
+
+#include <cmath>
+
+namespace dtrain::nn {
+
+void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * c;
+    float* yi = y + i * c;
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < c; ++j) sum += xi[j];
+    const float m = sum / static_cast<float>(c);
+    float var = 0.0f;
+    for (std::int64_t j = 0; j < c; ++j) {
+      const float d = xi[j] - m;
+      var += d * d;
+    }
+    const float s = 1.0f / std::sqrt(var / static_cast<float>(c) + kLayerNormEps);
+    for (std::int64_t j = 0; j < c; ++j) yi[j] = (xi[j] - m) * s * weight[j] + bias[j];
+    mean[i] = m;
+    rstd[i] = s;
+  }
+}
+
+// With xhat = (x - mean) * rstd and g = dy * weight:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+//   dweight += sum_rows dy * xhat,  dbias += sum_rows dy.
+void layernorm_backward(const float* dy, const float* x, const float* weight, const float* mean,
+                        const float* rstd, float* dx, float* dweight, float* dbias,
+                        std::int64_t n, std::int64_t c, bool accumulate_dx) {
+  const float inv_c = 1.0f / static_cast<float>(c);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* dyi = dy + i * c;
+    const float* xi = x + i * c;
+    float* dxi = dx + i * c;
+    const float m = mean[i];
+    const float s = rstd[i];
+    float sum_g = 0.0f;
+    float sum_gx = 0.0f;
+    for (std::int64_t j = 0; j < c; ++j) {
+      const float xhat = (xi[j] - m) * s;
+      const float g = dyi[j] * weight[j];
+      sum_g += g;
+      sum_gx += g * xhat;
+      dweight[j] += dyi[j] * xhat;
+      dbias[j] += dyi[j];
+    }
+    const float mean_g = sum_g * inv_c;
+    const float mean_gx = sum_gx * inv_c;
+    if (accumulate_dx) {
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float xhat = (xi[j] - m) * s;
+        dxi[j] += s * (dyi[j] * weight[j] - mean_g - xhat * mean_gx);
+      }
+    } else {
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float xhat = (xi[j] - m) * s;
+        dxi[j] = s * (dyi[j] * weight[j] - mean_g - xhat * mean_gx);
+      }
+    }
+  }
+}
+
+}  // namespace dtrain::nn

@@ -1,0 +1,20 @@
+// LayerNorm over the last dimension (eps 1e-5), as torch.nn.LayerNorm.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::nn {
+
+inline constexpr float kLayerNormEps = 1e-5f;
+
+// x, y: [n, c]; weight, bias: [c]; saves mean, rstd: [n] for backward.
+void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c);
+
+// dy, x: [n, c]. dx: [n, c], written, or added to when accumulate_dx.
+// dweight, dbias: [c], always added to.
+void layernorm_backward(const float* dy, const float* x, const float* weight, const float* mean,
+                        const float* rstd, float* dx, float* dweight, float* dbias,
+                        std::int64_t n, std::int64_t c, bool accumulate_dx);
+
+}  // namespace dtrain::nn

@@ -1,0 +1,125 @@
+// The Transformer models of dtrain: `classifier` (embeddings -> pre-LN encoder
+// -> final LayerNorm -> mean pool -> linear) and `lm` (decoder-only causal LM:
+// embeddings -> pre-LN causal blocks -> final LayerNorm -> linear over the
+// vocabulary, optionally tied to the token embedding).
+//
+// Parameters are declared in a fixed order and grouped into blocks:
+//   block 0            "embeddings": tok_emb [V, d] (or patch.weight [d, p], patch.bias [d]),
+//                                    pos_emb [max_seq, d]
+//   block 1 + l        "layer.l":    ln1.{weight,bias}, qkv.{weight [3d, d], bias}, proj.{weight
+//                                    [d, d], bias}, ln2.{weight,bias}, fc1.{weight [ff, d], bias},
+//                                    fc2.{weight [d, ff], bias}
+//   block n_layers + 1 "head":       lnf.{weight,bias}, then head.weight [V, d] (lm, untied) or
+//                                    cls.weight [C, d], cls.bias [C] (classifier)
+// The model owns activations (allocated once for its micro-batch shape), never
+// parameters: bind() hands it one flat pointer per block. One thread drives a
+// model; forward and backward call the BlockHooks around every block.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "nn/attention.h"
+#include "nn/hooks.h"
+#include "nn/parameters.h"
+
+namespace dtrain::nn {
+
+struct ModelConfig {
+  enum class Kind : std::uint8_t { classifier, lm };
+  enum class Input : std::uint8_t { tokens, patches };
+  Kind kind = Kind::lm;
+  Input input = Input::tokens;
+  std::int64_t vocab_size = 256;
+  std::int64_t d_model = 64;
+  std::int64_t n_heads = 4;
+  std::int64_t n_layers = 2;
+  std::int64_t d_ff = 256;
+  std::int64_t max_seq_len = 64;
+  std::int64_t num_classes = 10;
+  std::int64_t patch_dim = 0;  // pixels per patch (patches input)
+  float dropout = 0.0f;
+  bool tie_embeddings = false;
+
+  std::int64_t outputs() const { return kind == Kind::lm ? vocab_size : num_classes; }
+  // Parameters of the matrix multiplies (excluding embeddings), for FLOP counts.
+  std::int64_t matmul_params() const;
+  // Training FLOPs per token: 6 * matmul_params + 12 * L * d * T (llm.c / PaLM).
+  double flops_per_token(std::int64_t seq_len) const;
+};
+
+ParameterLayout declare_parameters(const ModelConfig& config);
+
+// One micro-batch: tokens [B, T] or patches [B, T, patch_dim]; targets [B, T]
+// (lm: next tokens) or [B] (classifier).
+struct ModelInputs {
+  const std::int32_t* tokens = nullptr;
+  const float* patches = nullptr;
+  const std::int32_t* targets = nullptr;
+};
+
+struct ForwardResult {
+  float loss = 0.0f;          // mean cross-entropy over the targets
+  std::int64_t correct = 0;   // argmax hits (accuracy numerator)
+  std::int64_t count = 0;     // targets scored
+};
+
+struct StepKey {
+  std::uint64_t seed = 0;     // train.seed
+  std::int64_t step = 0;
+  std::int64_t micro = 0;     // micro-step within gradient accumulation
+};
+
+class Transformer {
+ public:
+  // Allocates activations for micro-batches of `batch` x `seq_len`.
+  Transformer(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
+              std::int64_t seq_len);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  // REQUIRES: pointers.params/grads hold one pointer per block of the layout.
+  void bind(const BlockPointers& pointers);
+
+  // training: dropout on (when configured) and state kept for backward.
+  ForwardResult forward(const ModelInputs& inputs, BlockHooks& hooks, bool training,
+                        const StepKey& key);
+  // Adds d(grad_scale * loss)/d(params) into the bound gradients.
+  // REQUIRES: the last call was forward(..., training = true, ...).
+  void backward(BlockHooks& hooks, float grad_scale);
+
+  const ModelConfig& config() const { return config_; }
+  std::int64_t batch() const { return batch_; }
+  std::int64_t seq_len() const { return seq_; }
+
+ private:
+  // Order of a layer block's parameters (declare_parameters keeps it).
+  enum LayerParam : int {
+    kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B
+  };
+  // Dropout sites: 2l (attention branch of layer l), 2l+1 (MLP branch), and this.
+  static constexpr std::int64_t kEmbedDropoutSite = 1 << 20;
+  struct Activations;
+  void embed_forward(const StepKey& key, bool training);
+  void layer_forward(int l, const StepKey& key, bool training);
+  void head_forward();
+  void head_backward(float grad_scale);
+  void layer_backward(int l);
+  void embed_backward();
+  float* param(int index, bool grad) const;
+
+  ModelConfig config_;
+  const ParameterLayout& layout_;
+  std::int64_t batch_, seq_;
+  AttentionShape attn_shape_;
+  BlockPointers ptrs_;
+  ModelInputs inputs_{};
+  StepKey key_{};
+  bool dropout_active_ = false;
+  std::unique_ptr<Activations> acts_;
+};
+
+}  // namespace dtrain::nn

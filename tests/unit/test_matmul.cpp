@@ -1,0 +1,393 @@
+// nn/cpu/matmul against a naive double-precision reference, plus the cache and
+// allocation contracts and the oneDNN implementations picked for training shapes.
+//
+// Tolerance: |c - ref| <= 1e-5 * sqrt(k) * (|alpha| * sum_k |a||b| + |bias| + |c_old|),
+// i.e. relative to the magnitude of what was summed (fp32 accumulation of k terms).
+#include "nn/cpu/matmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dnnl.hpp>
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+// Counting global operator new/delete: counts only while g_count_allocs is set.
+// Out of line, so that GCC does not pair an inlined free() with `new` and warn.
+namespace {
+std::atomic<bool> g_count_allocs{false};
+std::atomic<long> g_allocs{0};
+}  // namespace
+
+[[gnu::noinline]] void* operator new(std::size_t size) {
+  if (g_count_allocs.load(std::memory_order_relaxed)) g_allocs.fetch_add(1);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void* operator new[](std::size_t size) { return operator new(size); }
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace dtrain::nn::cpu {
+namespace {
+
+struct Operands {
+  std::vector<float> a, b, c, bias;
+};
+
+std::int64_t rows_a(const Gemm& g) { return g.trans_a ? g.k : g.m; }
+std::int64_t cols_a(const Gemm& g) { return g.trans_a ? g.m : g.k; }
+std::int64_t rows_b(const Gemm& g) { return g.trans_b ? g.n : g.k; }
+std::int64_t cols_b(const Gemm& g) { return g.trans_b ? g.k : g.n; }
+std::int64_t ld_a(const Gemm& g) { return g.lda ? g.lda : cols_a(g); }
+std::int64_t ld_b(const Gemm& g) { return g.ldb ? g.ldb : cols_b(g); }
+std::int64_t ld_c(const Gemm& g) { return g.ldc ? g.ldc : g.n; }
+std::int64_t str_a(const Gemm& g) { return g.stride_a ? g.stride_a : rows_a(g) * ld_a(g); }
+std::int64_t str_b(const Gemm& g) { return g.stride_b ? g.stride_b : rows_b(g) * ld_b(g); }
+std::int64_t str_c(const Gemm& g) { return g.stride_c ? g.stride_c : g.m * ld_c(g); }
+
+// Buffers big enough for g, filled with values in [-1, 1]; padding of C holds a sentinel.
+constexpr float kSentinel = 1234.5f;
+Operands make_operands(const Gemm& g, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto fill = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (float& x : v) x = dist(rng);
+    return v;
+  };
+  Operands o;
+  o.a = fill((g.batch - 1) * str_a(g) + rows_a(g) * ld_a(g));
+  o.b = fill((g.batch - 1) * str_b(g) + rows_b(g) * ld_b(g));
+  o.c.assign(static_cast<std::size_t>((g.batch - 1) * str_c(g) + g.m * ld_c(g)), kSentinel);
+  for (std::int64_t i = 0; i < g.batch; ++i)
+    for (std::int64_t r = 0; r < g.m; ++r)
+      for (std::int64_t j = 0; j < g.n; ++j)
+        o.c[static_cast<std::size_t>(i * str_c(g) + r * ld_c(g) + j)] = dist(rng);
+  o.bias = fill(g.n);
+  return o;
+}
+
+// Checks c_new against the double-precision reference computed from o (c_old = o.c).
+void expect_matches_reference(const Gemm& g, const Operands& o, const std::vector<float>& c_new,
+                              bool with_bias) {
+  const double tol = 1e-5 * std::sqrt(static_cast<double>(g.k));
+  int bad = 0;
+  for (std::int64_t i = 0; i < g.batch; ++i) {
+    const float* a = o.a.data() + i * str_a(g);
+    const float* b = o.b.data() + i * str_b(g);
+    for (std::int64_t r = 0; r < g.m; ++r) {
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        double sum = 0, mag = 0;
+        for (std::int64_t p = 0; p < g.k; ++p) {
+          const double x = g.trans_a ? a[p * ld_a(g) + r] : a[r * ld_a(g) + p];
+          const double y = g.trans_b ? b[j * ld_b(g) + p] : b[p * ld_b(g) + j];
+          sum += x * y;
+          mag += std::fabs(x * y);
+        }
+        double ref = g.alpha * sum;
+        mag *= std::fabs(g.alpha);
+        if (with_bias) {
+          ref += o.bias[static_cast<std::size_t>(j)];
+          mag += std::fabs(o.bias[static_cast<std::size_t>(j)]);
+        }
+        const auto at = static_cast<std::size_t>(i * str_c(g) + r * ld_c(g) + j);
+        if (g.accumulate) {
+          ref += o.c[at];
+          mag += std::fabs(o.c[at]);
+        }
+        if (std::fabs(c_new[at] - ref) > tol * (mag + 1e-30) && bad++ < 5) {
+          ADD_FAILURE() << gemm_string(g) << " bias=" << with_bias << " item " << i << " ("
+                        << r << "," << j << "): got " << c_new[at] << ", want " << ref;
+        }
+      }
+    }
+  }
+  // Elements of C outside the m x n views (padding of ldc / stride_c) are untouched.
+  for (std::size_t at = 0; at < c_new.size(); ++at) {
+    if (o.c[at] == kSentinel && c_new[at] != kSentinel && bad++ < 5) {
+      ADD_FAILURE() << gemm_string(g) << ": padding element " << at << " was written";
+    }
+  }
+  EXPECT_EQ(bad, 0) << gemm_string(g);
+}
+
+void run_and_check(const Gemm& g, bool with_bias, unsigned seed) {
+  const Operands o = make_operands(g, seed);
+  std::vector<float> c = o.c;
+  gemm(g, o.a.data(), o.b.data(), c.data(), with_bias ? o.bias.data() : nullptr);
+  expect_matches_reference(g, o, c, with_bias);
+}
+
+TEST(Matmul, AllTransposesBiasAccumulateAlphaMatchReference) {
+  const std::int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {33, 17, 64}, {64, 48, 130}};
+  unsigned seed = 1;
+  for (const auto& s : shapes) {
+    for (int flags = 0; flags < 16; ++flags) {
+      for (float alpha : {1.0f, 0.125f}) {
+        Gemm g;
+        g.m = s[0], g.n = s[1], g.k = s[2];
+        g.trans_a = flags & 1, g.trans_b = flags & 2, g.accumulate = flags & 4;
+        g.alpha = alpha;
+        const bool with_bias = flags & 8;
+        if (with_bias && alpha != 1.0f) continue;  // unsupported: see next test
+        run_and_check(g, with_bias, seed++);
+      }
+    }
+  }
+}
+
+TEST(Matmul, AlphaWithBiasIsRejected) {
+  Gemm g;
+  g.m = g.n = g.k = 4;
+  g.alpha = 0.5f;
+  std::vector<float> a(16), b(16), c(16), bias(4);
+  EXPECT_THROW(gemm(g, a.data(), b.data(), c.data(), bias.data()), Error);
+}
+
+TEST(Matmul, LeadingDimensionsMatchReference) {
+  unsigned seed = 100;
+  for (int flags = 0; flags < 16; ++flags) {
+    Gemm g;
+    g.m = 19, g.n = 23, g.k = 45;
+    g.trans_a = flags & 1, g.trans_b = flags & 2, g.accumulate = flags & 4;
+    g.lda = (g.trans_a ? g.m : g.k) + 5;
+    g.ldb = (g.trans_b ? g.k : g.n) + 3;
+    g.ldc = g.n + 9;
+    run_and_check(g, flags & 8, seed++);
+  }
+}
+
+TEST(Matmul, BatchedWithStridesMatchReference) {
+  unsigned seed = 200;
+  for (int flags = 0; flags < 16; ++flags) {
+    for (bool padded : {false, true}) {
+      Gemm g;
+      g.m = 16, g.n = 24, g.k = 40, g.batch = 5;
+      g.trans_a = flags & 1, g.trans_b = flags & 2, g.accumulate = flags & 4;
+      if (padded) {
+        g.lda = (g.trans_a ? g.m : g.k) + 8;
+        g.ldc = g.n + 4;
+        g.stride_a = (g.trans_a ? g.k : g.m) * g.lda + 16;
+        g.stride_b = g.k * g.n + 32;
+        g.stride_c = g.m * g.ldc + 8;
+      }
+      const bool with_bias = flags & 8;
+      if (!with_bias) g.alpha = 0.125f;
+      run_and_check(g, with_bias, seed++);
+    }
+  }
+}
+
+// Attention reads Q, K, V straight out of a fused [T, 3d] QKV row: heads are a
+// batch with stride hd, rows have leading dimension 3d.
+TEST(Matmul, InterleavedHeadsMatchReference) {
+  const std::int64_t t = 32, hd = 16, heads = 4, d = hd * heads;
+  Gemm scores;  // S[h] = Q[h] K[h]^T / sqrt(hd)
+  scores.m = t, scores.n = t, scores.k = hd, scores.trans_b = true, scores.alpha = 0.25f;
+  scores.lda = 3 * d, scores.ldb = 3 * d, scores.batch = heads;
+  scores.stride_a = hd, scores.stride_b = hd;
+  run_and_check(scores, false, 300);
+  Gemm context;  // O[h] = P[h] V[h], written interleaved into [T, d]
+  context.m = t, context.n = hd, context.k = t, context.batch = heads;
+  context.ldb = 3 * d, context.ldc = d, context.stride_b = hd, context.stride_c = hd;
+  run_and_check(context, false, 301);
+}
+
+TEST(Matmul, RejectsMalformedShapes) {
+  std::vector<float> buf(64);
+  Gemm g;
+  g.m = 4, g.n = 4, g.k = 0;
+  EXPECT_THROW(gemm(g, buf.data(), buf.data(), buf.data()), Error);
+  g.k = 4, g.lda = 2;
+  try {
+    gemm(g, buf.data(), buf.data(), buf.data());
+    ADD_FAILURE() << "lda < k accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m=4 n=4 k=4"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Matmul, CacheReusesEntryForSameShape) {
+  Gemm g;
+  g.m = 7, g.n = 9, g.k = 11;
+  std::vector<float> a(77), b(99), c(63);
+  gemm(g, a.data(), b.data(), c.data());
+  const std::size_t after_first = gemm_cache_size();
+  gemm(g, a.data(), b.data(), c.data());
+  EXPECT_EQ(gemm_cache_size(), after_first);
+  std::vector<float> a2(77), b2(99), c2(63), bias(9);
+  gemm(g, a2.data(), b2.data(), c2.data());  // other pointers: same entry
+  EXPECT_EQ(gemm_cache_size(), after_first);
+  gemm(g, a.data(), b.data(), c.data(), bias.data());  // bias: a new entry
+  EXPECT_EQ(gemm_cache_size(), after_first + 1);
+  g.accumulate = true;
+  gemm(g, a.data(), b.data(), c.data());
+  EXPECT_EQ(gemm_cache_size(), after_first + 2);
+}
+
+// Allocations made by one oneDNN execute of an equivalent primitive, called
+// directly through the C API: the floor that gemm() cannot go below.
+long onednn_execute_allocations(const Gemm& g, std::vector<float>& a, std::vector<float>& b,
+                                std::vector<float>& c, std::vector<float>& bias) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream s(eng);
+  dnnl::memory::desc ad({g.m, g.k}, dt::f32, tag::ab), bd({g.k, g.n}, dt::f32, tag::ab),
+      cd({g.m, g.n}, dt::f32, tag::ab), biasd({1, g.n}, dt::f32, tag::ab);
+  dnnl::matmul prim(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, biasd, cd), eng));
+  dnnl::memory am(ad, eng, a.data()), bm(bd, eng, b.data()), cm(cd, eng, c.data()),
+      biasm(biasd, eng, bias.data());
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, am.get()},
+                                  {DNNL_ARG_WEIGHTS, bm.get()},
+                                  {DNNL_ARG_DST, cm.get()},
+                                  {DNNL_ARG_BIAS, biasm.get()}};
+  dnnl_primitive_execute(prim.get(), s.get(), 4, args);  // warm-up
+  g_allocs = 0;
+  g_count_allocs = true;
+  dnnl_primitive_execute(prim.get(), s.get(), 4, args);
+  s.wait();
+  g_count_allocs = false;
+  return g_allocs.load();
+}
+
+TEST(Matmul, CachedCallAddsNoAllocationToOneDnnExecute) {
+  Gemm g;
+  g.m = 64, g.n = 96, g.k = 128;
+  std::vector<float> a(64 * 128, 0.5f), b(128 * 96, 0.25f), c(64 * 96), bias(96, 1.0f);
+  const long floor = onednn_execute_allocations(g, a, b, c, bias);
+
+  gemm(g, a.data(), b.data(), c.data(), bias.data());  // creates the entry
+  std::vector<float> a2 = a, b2 = b, c2 = c, bias2 = bias;
+  g_allocs = 0;
+  g_count_allocs = true;
+  gemm(g, a2.data(), b2.data(), c2.data(), bias2.data());
+  g_count_allocs = false;
+  const long cached = g_allocs.load();
+  EXPECT_LE(cached, floor) << "gemm() allocates beyond oneDNN's own execute";
+  EXPECT_FLOAT_EQ(c2[0], 128 * 0.5f * 0.25f + 1.0f);
+
+  // The counter works: a shape not seen before allocates (primitive creation).
+  g.n = 95;
+  g_allocs = 0;
+  g_count_allocs = true;
+  gemm(g, a.data(), b.data(), c.data(), bias.data());
+  g_count_allocs = false;
+  EXPECT_GT(g_allocs.load(), floor);
+  std::printf("allocations: oneDNN execute %ld, cached gemm() %ld, first call %ld\n", floor,
+              cached, g_allocs.load());
+}
+
+TEST(Matmul, ThreadsHaveIndependentCaches) {
+  Gemm g;
+  g.m = 8, g.n = 8, g.k = 8;
+  std::vector<float> a(64, 1.0f), b(64, 2.0f), c(64);
+  gemm(g, a.data(), b.data(), c.data());
+  std::vector<float> c_other(64);
+  std::size_t other_size = 0;
+  std::thread([&] {
+    gemm(g, a.data(), b.data(), c_other.data());
+    other_size = gemm_cache_size();
+  }).join();
+  EXPECT_EQ(other_size, 1u);
+  EXPECT_EQ(c_other, c);
+}
+
+// The shapes of dtrain's training loop (Linear forward/backward at M = 2048
+// rows; attention with batch = B*H) must run on oneDNN's JIT kernels, never on
+// its reference ("ref") implementation.
+struct NamedGemm {
+  std::string name;
+  Gemm g;
+  bool bias = false;
+};
+
+std::vector<NamedGemm> training_shapes() {
+  std::vector<NamedGemm> out;
+  const std::int64_t rows = 2048;
+  const std::int64_t linears[][2] = {{256, 768}, {256, 256}, {256, 1024}, {1024, 256},
+                                     {512, 1536}, {512, 512}, {512, 2048}, {2048, 512}};
+  for (const auto& l : linears) {
+    const std::int64_t in = l[0], outf = l[1];
+    Gemm fwd;  // Y[rows,out] = X[rows,in] W[out,in]^T + b
+    fwd.m = rows, fwd.n = outf, fwd.k = in, fwd.trans_b = true;
+    out.push_back({fmt::format("fwd  {}x{}x{} (Y=XW^T+b)", rows, outf, in), fwd, true});
+    Gemm dx;  // dX[rows,in] = dY[rows,out] W[out,in]
+    dx.m = rows, dx.n = in, dx.k = outf;
+    out.push_back({fmt::format("dX   {}x{}x{} (dY W)", rows, in, outf), dx, false});
+    Gemm dw;  // dW[out,in] += dY^T X
+    dw.m = outf, dw.n = in, dw.k = rows, dw.trans_a = true, dw.accumulate = true;
+    out.push_back({fmt::format("dW   {}x{}x{} (dY^T X, acc)", outf, in, rows), dw, false});
+  }
+  const std::int64_t attn[][2] = {{64, 128}, {256, 64}};  // {B*H, T}, hd = 64
+  for (const auto& at : attn) {
+    const std::int64_t bh = at[0], t = at[1], hd = 64;
+    auto batched = [&](std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb) {
+      Gemm g;
+      g.m = m, g.n = n, g.k = k, g.trans_a = ta, g.trans_b = tb, g.batch = bh;
+      return g;
+    };
+    Gemm s = batched(t, t, hd, false, true);
+    s.alpha = 0.125f;
+    const std::string tag = fmt::format("attn BH={} T={}", bh, t);
+    out.push_back({tag + " S=QK^T", s, false});
+    out.push_back({tag + " O=PV", batched(t, hd, t, false, false), false});
+    out.push_back({tag + " dP=dO V^T", batched(t, t, hd, false, true), false});
+    out.push_back({tag + " dV=P^T dO", batched(t, hd, t, true, false), false});
+    out.push_back({tag + " dQ=dS K", batched(t, hd, t, false, false), false});
+    out.push_back({tag + " dK=dS^T Q", batched(t, hd, t, true, false), false});
+  }
+  return out;
+}
+
+TEST(Matmul, TrainingShapesUseJitKernels) {
+  for (const NamedGemm& s : training_shapes()) {
+    const std::string impl = gemm_impl_info(s.g, s.bias);
+    EXPECT_EQ(impl.find("ref"), std::string::npos) << s.name << ": " << impl;
+    std::printf("%-36s %s\n", s.name.c_str(), impl.c_str());
+  }
+}
+
+// Run with --gtest_also_run_disabled_tests (and OMP_NUM_THREADS=1) for the
+// GFLOP/s table of the training shapes; best of several timed repetitions.
+TEST(Matmul, DISABLED_ReportTrainingShapeGflops) {
+  std::printf("peak 2048^3: %.1f GFLOP/s\n", measure_gemm_peak_gflops(2048, 2.0));
+  for (const NamedGemm& s : training_shapes()) {
+    const Gemm& g = s.g;
+    const std::int64_t ra = g.trans_a ? g.k : g.m, ca = g.trans_a ? g.m : g.k;
+    const std::int64_t rb = g.trans_b ? g.n : g.k, cb = g.trans_b ? g.k : g.n;
+    std::vector<float> a(static_cast<std::size_t>(g.batch * ra * ca), 0.5f);
+    std::vector<float> b(static_cast<std::size_t>(g.batch * rb * cb), 0.25f);
+    std::vector<float> c(static_cast<std::size_t>(g.batch * g.m * g.n)), bias(g.n);
+    const float* bp = s.bias ? bias.data() : nullptr;
+    gemm(g, a.data(), b.data(), c.data(), bp);
+    double best = 1e300;
+    const auto start = std::chrono::steady_clock::now();
+    for (int rep = 0; rep < 5 || std::chrono::steady_clock::now() - start < std::chrono::seconds(1);
+         ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      gemm(g, a.data(), b.data(), c.data(), bp);
+      best = std::min(best,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const double flops = 2.0 * static_cast<double>(g.batch * g.m * g.n * g.k);
+    std::printf("%-36s %7.1f GFLOP/s  %8.1f us  %s\n", s.name.c_str(), flops / best / 1e9,
+                best * 1e6, gemm_impl_info(g, s.bias).c_str());
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::nn::cpu

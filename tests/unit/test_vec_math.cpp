@@ -1,0 +1,123 @@
+// nn/cpu/vec_math.h against the double-precision libm, on dense grids.
+//
+// Tolerances are the header's claims: fast_exp within 2 ulp of the float
+// result's exponent on (-87, 88] (and within 2.5e-7 relative, ~2 ulp at the
+// top of a binade); fast_erf within 3e-7 absolute on [-6, 6].
+#include "nn/cpu/vec_math.h"
+
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+namespace dtrain::nn::cpu {
+namespace {
+
+// ulp of the float nearest to r (r > 0, normal range).
+double ulp_of(double r) { return std::ldexp(1.0, std::ilogb(static_cast<float>(r)) - 23); }
+
+TEST(VecMath, ExpWithinTwoUlpOnDenseGrid) {
+  constexpr long kPoints = 2'000'000;
+  double worst_rel = 0.0, worst_ulp = 0.0;
+  float worst_x = 0.0f;
+  for (long i = 1; i <= kPoints; ++i) {
+    const float x = -87.0f + 175.0f * static_cast<float>(i) / static_cast<float>(kPoints);
+    const double ref = std::exp(static_cast<double>(x));
+    const double err = std::fabs(static_cast<double>(fast_exp(x)) - ref);
+    if (err / ref > worst_rel) {
+      worst_rel = err / ref;
+      worst_x = x;
+    }
+    worst_ulp = std::max(worst_ulp, err / ulp_of(ref));
+  }
+  EXPECT_LE(worst_ulp, 2.0) << "worst relative error " << worst_rel << " at x = " << worst_x;
+  EXPECT_LE(worst_rel, 2.5e-7) << "at x = " << worst_x;
+}
+
+// Arguments near the range-reduction boundaries |r| = ln2/2 and small |x|,
+// where a truncated polynomial or a bad Cody-Waite split shows first.
+TEST(VecMath, ExpAtReductionBoundariesAndNearZero) {
+  const double ln2 = std::log(2.0);
+  for (int n = -120; n <= 120; ++n) {
+    for (double off : {-0.5, -0.4999, 0.4999, 0.5}) {
+      const auto x = static_cast<float>((n + off) * ln2);
+      const double ref = std::exp(static_cast<double>(x));
+      EXPECT_LE(std::fabs(fast_exp(x) - ref), 2.0 * ulp_of(ref)) << "x = " << x;
+    }
+  }
+  for (float x : {0.0f, 1e-7f, -1e-7f, 1e-3f, -1e-3f, FLT_MIN, -FLT_MIN}) {
+    const double ref = std::exp(static_cast<double>(x));
+    EXPECT_LE(std::fabs(fast_exp(x) - ref), 2.0 * ulp_of(ref)) << "x = " << x;
+  }
+  EXPECT_EQ(fast_exp(0.0f), 1.0f);
+}
+
+// Below -87 the result is flushed to exactly 0 (exp(-87) ~ 1.6e-38 is the
+// smallest value the 2^n assembly can represent as a normal float).
+TEST(VecMath, ExpUnderflowIsZeroOrTiny) {
+  for (float x : {-87.0f, -87.5f, -100.0f, -1000.0f, -FLT_MAX}) {
+    EXPECT_EQ(fast_exp(x), 0.0f) << "x = " << x;
+  }
+  for (float x = -86.999f; x < -80.0f; x += 0.25f) {
+    const float y = fast_exp(x);
+    EXPECT_GT(y, 0.0f) << "x = " << x;
+    EXPECT_TRUE(std::isnormal(y)) << "x = " << x;
+    EXPECT_LE(std::fabs(y - std::exp(static_cast<double>(x))) / std::exp(static_cast<double>(x)),
+              2.5e-7)
+        << "x = " << x;
+  }
+}
+
+// Above 88 the input is clamped: softmax never feeds such values, but a
+// stray large one must give a finite number rather than inf or garbage bits.
+TEST(VecMath, ExpSaturatesAboveRange) {
+  const float top = fast_exp(88.0f);
+  EXPECT_NEAR(top, std::exp(88.0), 2.0 * ulp_of(std::exp(88.0)));
+  for (float x : {88.5f, 100.0f, 1e6f, FLT_MAX}) {
+    EXPECT_EQ(fast_exp(x), top) << "x = " << x;
+    EXPECT_TRUE(std::isfinite(fast_exp(x)));
+  }
+}
+
+TEST(VecMath, ErfWithin3e7AbsoluteOnDenseGrid) {
+  constexpr long kPoints = 1'200'000;
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  for (long i = 0; i <= kPoints; ++i) {
+    const float x = -6.0f + 12.0f * static_cast<float>(i) / static_cast<float>(kPoints);
+    const double err = std::fabs(static_cast<double>(fast_erf(x)) - std::erf(static_cast<double>(x)));
+    if (err > worst) {
+      worst = err;
+      worst_x = x;
+    }
+  }
+  EXPECT_LE(worst, 3e-7) << "at x = " << worst_x;
+}
+
+TEST(VecMath, ErfIsOddAndSaturates) {
+  for (float x : {0.1f, 0.5f, 1.0f, 2.5f, 4.0f}) EXPECT_EQ(fast_erf(-x), -fast_erf(x));
+  EXPECT_EQ(fast_erf(0.0f), 0.0f);
+  for (float x : {6.0f, 10.0f, 100.0f, 1e30f}) {
+    EXPECT_EQ(fast_erf(x), 1.0f) << "x = " << x;
+    EXPECT_EQ(fast_erf(-x), -1.0f) << "x = " << x;
+  }
+}
+
+// The functions must give the same values when GCC vectorises the loop (the
+// kernels call them in plain loops) as in the scalar calls above.
+TEST(VecMath, VectorisedLoopMatchesScalarCalls) {
+  std::vector<float> x(4099), e(x.size()), f(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = -20.0f + 0.01f * static_cast<float>(i);
+  for (std::size_t i = 0; i < x.size(); ++i) e[i] = fast_exp(x[i]);
+  for (std::size_t i = 0; i < x.size(); ++i) f[i] = fast_erf(x[i] * 0.1f);
+  for (std::size_t i = 0; i < x.size(); i += 97) {
+    volatile float xi = x[i];  // keeps this call scalar
+    EXPECT_EQ(e[i], fast_exp(xi)) << "x = " << x[i];
+    volatile float xe = x[i] * 0.1f;
+    EXPECT_EQ(f[i], fast_erf(xe)) << "x = " << x[i] * 0.1f;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::nn::cpu

@@ -1,0 +1,231 @@
+// The config's defaults and validation rules (declared in worker/config.h).
+// In proto3 a plain scalar cannot say "unset", so 0 and "" mean unset there;
+// `optional` fields (whose 0 is meaningful) use has_xxx().
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
+
+#include "core/error.h"
+#include "worker/config.h"
+
+namespace dtrain::worker {
+namespace {
+
+// Where Debian's dataset-fashion-mnist package installs the data.
+constexpr std::string_view kFashionMnistPath = "/usr/share/datasets/fashion-mnist";
+constexpr int kFashionMnistClasses = 10;
+constexpr int kTextVocab = 256;  // text is read as bytes
+
+[[noreturn]] void fail(std::string_view field, const std::string& message) {
+  throw ConfigError(std::string(field), message);
+}
+
+void at_least(std::int64_t value, std::int64_t min, std::string_view field) {
+  if (value < min) fail(field, fmt::format("must be >= {}, got {}; set {} to a value >= {}", min,
+                                           value, field, min));
+}
+
+void at_most(std::int64_t value, std::int64_t max, std::string_view field) {
+  if (value > max) fail(field, fmt::format("must be <= {}, got {}; set {} to a value <= {}", max,
+                                           value, field, max));
+}
+
+// value in [lo, hi) or [lo, hi] (hi_inclusive); written so that NaN fails.
+void in_range(double value, double lo, double hi, bool hi_inclusive, std::string_view field) {
+  const bool ok = value >= lo && (hi_inclusive ? value <= hi : value < hi);
+  if (!ok) {
+    fail(field, fmt::format("must be in [{}, {}{}, got {}; set {} inside that range", lo, hi,
+                            hi_inclusive ? "]" : ")", value, field));
+  }
+}
+
+void positive(double value, std::string_view field) {
+  if (!(value > 0)) fail(field, fmt::format("must be > 0, got {}; set {} to a positive number",
+                                            value, field));
+}
+
+void non_negative(double value, std::string_view field) {
+  if (!(value >= 0)) fail(field, fmt::format("must be >= 0, got {}; set {} to 0 or more",
+                                             value, field));
+}
+
+void one_of(const std::string& value, std::initializer_list<std::string_view> options,
+            std::string_view field) {
+  for (std::string_view option : options) {
+    if (value == option) return;
+  }
+  fail(field, fmt::format("must be one of \"{}\", got \"{}\"", fmt::join(options, "\", \""),
+                          value));
+}
+
+void validate_model(const config::Config& c) {
+  const config::Model& m = c.model();
+  one_of(m.kind(), {"classifier", "lm"}, "model.kind");
+  one_of(m.input(), {"tokens", "patches"}, "model.input");
+  const bool lm = m.kind() == "lm";
+  if (lm && m.input() == "patches") {
+    fail("model.input", "an lm reads tokens, not patches; set model.input to \"tokens\" "
+                        "or model.kind to \"classifier\"");
+  }
+  if (m.input() == "tokens") at_least(m.vocab_size(), 1, "model.vocab_size");
+  at_least(m.d_model(), 1, "model.d_model");
+  at_least(m.n_heads(), 1, "model.n_heads");
+  at_least(m.n_layers(), 1, "model.n_layers");
+  at_least(m.d_ff(), 1, "model.d_ff");
+  if (m.d_model() % m.n_heads() != 0) {
+    fail("model.d_model", fmt::format("model.d_model ({}) must be divisible by model.n_heads ({}); "
+                                      "change one of them",
+                                      m.d_model(), m.n_heads()));
+  }
+  if (!lm) at_least(m.num_classes(), 2, "model.num_classes");
+  if (m.input() == "patches") {
+    at_least(m.patch_size(), 1, "model.patch_size");
+    if (c.data().kind() != "fashion_mnist") {
+      fail("model.input", fmt::format("\"patches\" reads images, but data.kind is \"{}\"; set "
+                                      "data.kind to \"fashion_mnist\" or model.input to \"tokens\"",
+                                      c.data().kind()));
+    }
+  }
+  in_range(m.dropout(), 0, 1, /*hi_inclusive=*/false, "model.dropout");
+  if (m.tie_embeddings() && !lm) {
+    fail("model.tie_embeddings", "only an lm has a token embedding to share with its head; "
+                                 "set it to false");
+  }
+}
+
+void validate_data(const config::Config& c) {
+  const config::Data& d = c.data();
+  one_of(d.kind(), {"tokens", "text", "fashion_mnist", "synthetic"}, "data.kind");
+  if (d.kind() == "fashion_mnist") {
+    if (c.model().input() != "patches") {
+      fail("model.input", "data.kind \"fashion_mnist\" holds images; set model.input to "
+                          "\"patches\" (and model.patch_size)");
+    }
+    if (c.model().num_classes() != kFashionMnistClasses) {
+      fail("model.num_classes", fmt::format("data.kind \"fashion_mnist\" has {} classes, got {}; "
+                                            "set model.num_classes to {}",
+                                            kFashionMnistClasses, c.model().num_classes(),
+                                            kFashionMnistClasses));
+    }
+  }
+  if ((d.kind() == "tokens" || d.kind() == "text") && d.path().empty()) {
+    fail("data.path", fmt::format("data.kind \"{}\" reads files; set data.path", d.kind()));
+  }
+  if (d.kind() == "text" && c.model().vocab_size() < kTextVocab) {
+    fail("model.vocab_size", fmt::format("data.kind \"text\" reads bytes, so the vocabulary is "
+                                         "{}, got {}; set model.vocab_size to {}",
+                                         kTextVocab, c.model().vocab_size(), kTextVocab));
+  }
+  at_least(d.seq_len(), 1, "data.seq_len");
+  if (d.seq_len() > c.model().max_seq_len()) {
+    fail("data.seq_len", fmt::format("data.seq_len ({}) exceeds model.max_seq_len ({}); raise "
+                                     "model.max_seq_len or lower data.seq_len",
+                                     d.seq_len(), c.model().max_seq_len()));
+  }
+  at_least(d.prefetch(), 1, "data.prefetch");
+}
+
+void validate_training(const config::Config& c) {
+  const config::Optimizer& o = c.optimizer();
+  positive(o.lr(), "optimizer.lr");
+  in_range(o.beta1(), 0, 1, /*hi_inclusive=*/false, "optimizer.beta1");
+  in_range(o.beta2(), 0, 1, /*hi_inclusive=*/false, "optimizer.beta2");
+  positive(o.eps(), "optimizer.eps");
+  non_negative(o.weight_decay(), "optimizer.weight_decay");
+  non_negative(o.grad_clip(), "optimizer.grad_clip");
+
+  const config::Train& t = c.train();
+  at_least(t.steps(), 1, "train.steps");
+  at_least(t.micro_batch_size(), 1, "train.micro_batch_size");
+  at_least(t.grad_accum_steps(), 1, "train.grad_accum_steps");
+  at_least(t.log_every(), 1, "train.log_every");
+  at_least(t.eval_every(), 0, "train.eval_every");
+  at_least(t.eval_batches(), 1, "train.eval_batches");
+  if (t.out_dir().empty()) fail("train.out_dir", "is empty; set a directory for the run's outputs");
+
+  const config::Schedule& s = c.schedule();
+  at_least(s.warmup_steps(), 0, "schedule.warmup_steps");
+  at_most(s.warmup_steps(), t.steps(), "schedule.warmup_steps");
+  one_of(s.decay(), {"cosine", "linear", "constant"}, "schedule.decay");
+  in_range(s.min_lr_ratio(), 0, 1, /*hi_inclusive=*/true, "schedule.min_lr_ratio");
+}
+
+void validate_system(const config::Config& c) {
+  const config::Parallel& p = c.parallel();
+  one_of(p.backend(), {"auto", "gloo", "mpi", "nccl"}, "parallel.backend");
+  at_least(p.zero_stage(), 0, "parallel.zero_stage");
+  at_most(p.zero_stage(), 3, "parallel.zero_stage");
+  positive(p.bucket_mb(), "parallel.bucket_mb");
+  at_least(p.timeout_s(), 1, "parallel.timeout_s");
+
+  const config::Checkpoint& k = c.checkpoint();
+  at_least(k.every_steps(), 0, "checkpoint.every_steps");
+  at_least(k.keep_last(), 1, "checkpoint.keep_last");
+  if (k.resume().empty()) {
+    fail("checkpoint.resume", "is empty; set \"auto\", \"none\" or a checkpoint path");
+  }
+
+  one_of(c.precision(), {"fp32", "bf16", "fp16"}, "precision");
+  one_of(c.device(), {"cpu", "cuda"}, "device");
+}
+
+}  // namespace
+
+void apply_defaults(config::Config& c, std::string_view run_name) {
+  config::Model& m = *c.mutable_model();
+  config::Data& d = *c.mutable_data();
+  if (m.d_ff() == 0 && m.d_model() > 0 && m.d_model() <= INT_MAX / 4) m.set_d_ff(4 * m.d_model());
+  if (m.max_seq_len() == 0) m.set_max_seq_len(d.seq_len());
+  if (m.input().empty()) m.set_input("tokens");
+  if (!d.has_shuffle()) d.set_shuffle(true);
+  if (d.prefetch() == 0) d.set_prefetch(4);
+  if (d.path().empty() && d.kind() == "fashion_mnist") d.set_path(std::string(kFashionMnistPath));
+
+  config::Optimizer& o = *c.mutable_optimizer();
+  if (!o.has_lr()) o.set_lr(3e-4f);
+  if (!o.has_beta1()) o.set_beta1(0.9f);
+  if (!o.has_beta2()) o.set_beta2(0.999f);
+  if (!o.has_eps()) o.set_eps(1e-8f);
+  if (!o.has_weight_decay()) o.set_weight_decay(0.01f);
+  if (!o.has_grad_clip()) o.set_grad_clip(1.0f);
+
+  config::Schedule& s = *c.mutable_schedule();
+  if (s.decay().empty()) s.set_decay("cosine");
+  if (!s.has_min_lr_ratio()) s.set_min_lr_ratio(0.1f);
+
+  config::Train& t = *c.mutable_train();
+  if (!t.has_grad_accum_steps()) t.set_grad_accum_steps(1);
+  if (!t.has_seed()) t.set_seed(1337);
+  if (!t.has_log_every()) t.set_log_every(10);
+  if (!t.has_eval_batches()) t.set_eval_batches(20);
+  if (t.out_dir().empty()) {
+    t.set_out_dir(fmt::format("runs/{}", run_name.empty() ? "default" : run_name));
+  }
+
+  config::Parallel& p = *c.mutable_parallel();
+  if (p.backend().empty()) p.set_backend("auto");
+  if (!p.has_bucket_mb()) p.set_bucket_mb(25.0f);
+  if (!p.has_timeout_s()) p.set_timeout_s(300);
+
+  config::Checkpoint& k = *c.mutable_checkpoint();
+  if (!k.has_keep_last()) k.set_keep_last(3);
+  if (k.resume().empty()) k.set_resume("none");
+
+  if (c.precision().empty()) c.set_precision("fp32");
+  if (c.device().empty()) c.set_device("cpu");
+}
+
+void validate_config(const config::Config& config) {
+  validate_model(config);
+  validate_data(config);
+  validate_training(config);
+  validate_system(config);
+}
+
+}  // namespace dtrain::worker

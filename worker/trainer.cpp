@@ -1,0 +1,248 @@
+#include "worker/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <ostream>
+
+#include "core/error.h"
+#include "data/datasets.h"
+#include "nn/adamw.h"
+#include "worker/config.h"
+
+namespace dtrain::worker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+nn::Decay parse_decay(const std::string& name) {
+  if (name == "linear") return nn::Decay::linear;
+  if (name == "constant") return nn::Decay::constant;
+  return nn::Decay::cosine;
+}
+
+data::DataSpec data_spec(const config::Config& c) {
+  data::DataSpec spec;
+  spec.kind = c.data().kind();
+  spec.path = c.data().path();
+  spec.val_path = c.data().val_path();
+  spec.seq_len = c.data().seq_len();
+  spec.vocab_size = c.model().vocab_size();
+  spec.num_classes = c.model().num_classes();
+  spec.patch_size = c.model().patch_size();
+  spec.model_kind = c.model().kind();
+  spec.seed = c.train().seed();
+  return spec;
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+// No-op hooks: a single process owns all of its parameters.
+class LocalHooks final : public nn::BlockHooks {};
+
+}  // namespace
+
+nn::ModelConfig model_config(const config::Config& c) {
+  const config::Model& m = c.model();
+  nn::ModelConfig mc;
+  mc.kind = m.kind() == "lm" ? nn::ModelConfig::Kind::lm : nn::ModelConfig::Kind::classifier;
+  mc.input = m.input() == "patches" ? nn::ModelConfig::Input::patches
+                                    : nn::ModelConfig::Input::tokens;
+  mc.vocab_size = m.vocab_size();
+  mc.d_model = m.d_model();
+  mc.n_heads = m.n_heads();
+  mc.n_layers = m.n_layers();
+  mc.d_ff = m.d_ff();
+  mc.max_seq_len = m.max_seq_len();
+  mc.num_classes = m.num_classes();
+  mc.patch_dim = static_cast<std::int64_t>(m.patch_size()) * m.patch_size();
+  mc.dropout = m.dropout();
+  mc.tie_embeddings = m.tie_embeddings();
+  return mc;
+}
+
+Trainer::Trainer(const config::Config& config, TrainerOptions options)
+    : config_(config), options_(options), model_config_(model_config(config)) {
+  const config::Train& t = config_.train();
+  if (config_.device() != "cpu") {
+    throw ConfigError("device", fmt::format("'{}' is not available in this build; use \"cpu\"",
+                                            config_.device()));
+  }
+  if (config_.precision() != "fp32") {
+    throw ConfigError("precision", fmt::format("'{}' is not supported yet; use \"fp32\"",
+                                               config_.precision()));
+  }
+  const data::DatasetPair datasets = data::make_datasets(data_spec(config_));
+  const std::int64_t seq = datasets.train->info().seq_len;
+  if (seq > model_config_.max_seq_len) {
+    throw ConfigError("model.max_seq_len",
+                      fmt::format("the data has sequences of {} but max_seq_len is {}; raise "
+                                  "model.max_seq_len",
+                                  seq, model_config_.max_seq_len));
+  }
+  layout_ = nn::declare_parameters(model_config_);
+  store_ = std::make_unique<nn::ParameterStore>(layout_, t.seed());
+  model_ = std::make_unique<nn::Transformer>(model_config_, layout_, t.micro_batch_size(), seq);
+  model_->bind(store_->pointers());
+
+  data::LoaderOptions lo;
+  lo.name = "train";
+  lo.micro_batch = t.micro_batch_size();
+  lo.seed = t.seed();
+  lo.shuffle = config_.data().shuffle();
+  lo.prefetch = config_.data().prefetch();
+  train_loader_ = std::make_unique<data::Loader>(datasets.train, lo);
+  lo.name = "validation";
+  lo.shuffle = false;
+  lo.prefetch = 0;
+  val_loader_ = std::make_unique<data::Loader>(datasets.val, lo);
+
+  schedule_ = nn::LrSchedule{config_.optimizer().lr(), config_.schedule().warmup_steps(),
+                             t.steps(), parse_decay(config_.schedule().decay()),
+                             config_.schedule().min_lr_ratio()};
+  if (options_.write_outputs) {
+    const std::filesystem::path out_dir = t.out_dir();
+    metrics_ = std::make_unique<MetricsWriter>(out_dir, false);
+    const std::filesystem::path cfg_path = out_dir / "config.json";
+    std::ofstream out(cfg_path);
+    out << config_to_json(config_);
+    if (!out.flush()) throw IoError(fmt::format("cannot write '{}'", cfg_path.string()));
+  }
+}
+
+Trainer::~Trainer() = default;
+
+std::int64_t Trainer::tokens_per_step() const {
+  return static_cast<std::int64_t>(config_.train().grad_accum_steps()) * model_->batch() *
+         model_->seq_len();
+}
+
+StepResult Trainer::step() {
+  const auto t0 = Clock::now();
+  const config::Train& t = config_.train();
+  const int accum = t.grad_accum_steps();
+  const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
+  LocalHooks hooks;
+  store_->zero_grads();
+  double loss_sum = 0.0;
+  for (int micro = 0; micro < accum; ++micro) {
+    const data::Batch& batch = train_loader_->next(timeout);
+    const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(),
+                                 batch.targets.data()};
+    const nn::ForwardResult fwd =
+        model_->forward(inputs, hooks, true, nn::StepKey{t.seed(), step_, micro});
+    model_->backward(hooks, 1.0f / static_cast<float>(accum));
+    loss_sum += fwd.loss;
+  }
+  std::span<float> grads = store_->grads();
+  const double norm = std::sqrt(nn::sum_of_squares(grads.data(), static_cast<std::int64_t>(grads.size())));
+  nn::scale(grads.data(), static_cast<std::int64_t>(grads.size()),
+            nn::clip_factor(norm, config_.optimizer().grad_clip()));
+  const config::Optimizer& o = config_.optimizer();
+  const float lr = schedule_.at(step_);
+  const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
+  nn::adamw_step(layout_, store_->params(), grads, store_->exp_avg(), store_->exp_avg_sq(), hyper,
+                 step_ + 1);
+  ++step_;
+  return StepResult{step_, static_cast<float>(loss_sum / accum), lr, static_cast<float>(norm),
+                    seconds_since(t0)};
+}
+
+EvalResult Trainer::evaluate() {
+  const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
+  LocalHooks hooks;
+  val_loader_->reset(0);
+  double loss_sum = 0.0;
+  std::int64_t correct = 0, count = 0;
+  const int batches = config_.train().eval_batches();
+  for (int i = 0; i < batches; ++i) {
+    const data::Batch& batch = val_loader_->next(timeout);
+    const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(),
+                                 batch.targets.data()};
+    const nn::ForwardResult r = model_->forward(inputs, hooks, false, nn::StepKey{});
+    loss_sum += r.loss;
+    correct += r.correct;
+    count += r.count;
+  }
+  EvalResult e;
+  e.loss = loss_sum / batches;
+  if (model_config_.kind == nn::ModelConfig::Kind::classifier) {
+    e.accuracy = static_cast<double>(correct) / static_cast<double>(count);
+  } else {
+    e.perplexity = std::exp(e.loss);
+  }
+  return e;
+}
+
+TrainSummary Trainer::run() {
+  const config::Train& t = config_.train();
+  const auto start = Clock::now();
+  TrainSummary summary;
+  double window_seconds = 0.0;
+  std::int64_t window_steps = 0;
+  double timed_seconds = 0.0;  // all steps but the first, which pays one-time set-up
+  StepResult r;
+  while (step_ < t.steps()) {
+    r = step();
+    window_seconds += r.seconds;
+    ++window_steps;
+    if (r.step > 1) timed_seconds += r.seconds;
+    if (r.step % t.log_every() == 0 || r.step == t.steps()) {
+      const double step_ms = 1e3 * window_seconds / static_cast<double>(window_steps);
+      const double tps = static_cast<double>(tokens_per_step()) * 1e3 / step_ms;
+      if (metrics_) metrics_->log_step(r.step, r.loss, r.lr, r.grad_norm, tps, step_ms);
+      log_progress(r, tps, step_ms, seconds_since(start));
+      window_seconds = 0.0;
+      window_steps = 0;
+    }
+    if ((t.eval_every() > 0 && r.step % t.eval_every() == 0) || r.step == t.steps()) {
+      const EvalResult e = evaluate();
+      if (metrics_) metrics_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
+      log_eval(e);
+      if (r.step == t.steps()) summary.final_eval = e;
+    }
+  }
+  if (metrics_) metrics_->log_end(step_, r.loss);
+  summary.steps = step_;
+  summary.final_loss = r.loss;
+  summary.seconds = seconds_since(start);
+  if (step_ > 1 && timed_seconds > 0.0) {
+    summary.tokens_per_s =
+        static_cast<double>(tokens_per_step() * (step_ - 1)) / timed_seconds;
+  }
+  return summary;
+}
+
+void Trainer::log_progress(const StepResult& r, double tokens_per_s, double step_ms,
+                           double elapsed) {
+  if (options_.console == nullptr) return;
+  const std::int64_t total = config_.train().steps();
+  const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(total - r.step);
+  *options_.console << fmt::format(
+      "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
+      "{:.1f} ms/step | ETA {}\n",
+      r.step, std::to_string(total).size(), total, r.loss, r.lr, r.grad_norm, tokens_per_s,
+      step_ms, format_duration(eta));
+  options_.console->flush();
+}
+
+void Trainer::log_eval(const EvalResult& e) {
+  if (options_.console == nullptr) return;
+  std::string extra;
+  if (e.accuracy) extra = fmt::format(" | accuracy {:.2f}%", 100.0 * *e.accuracy);
+  if (e.perplexity) extra = fmt::format(" | perplexity {:.3f}", *e.perplexity);
+  *options_.console << fmt::format("eval step {} | loss {:.4f}{}\n", step_, e.loss, extra);
+  options_.console->flush();
+}
+
+}  // namespace dtrain::worker

@@ -1,0 +1,89 @@
+// Trainer: one rank's training loop. Builds the model, its flat parameter
+// buffers and the data loaders from a resolved config, then runs optimizer
+// steps (gradient accumulation, clipping, AdamW, LR schedule), evaluation,
+// progress lines and metrics.jsonl. Everything the hot loop touches is
+// allocated in the constructor; steps reuse it.
+// One thread drives a Trainer.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+
+#include "data/loader.h"
+#include "nn/schedule.h"
+#include "nn/transformer.h"
+#include "proto/config.pb.h"
+#include "worker/metrics.h"
+
+namespace dtrain::worker {
+
+struct TrainerOptions {
+  bool write_outputs = true;    // out_dir/config.json and metrics.jsonl
+  std::ostream* console = nullptr;  // progress lines; null = silent
+};
+
+struct StepResult {
+  std::int64_t step = 0;   // optimizer steps done, this one included
+  float loss = 0.0f;       // mean over the micro-batches
+  float lr = 0.0f;
+  float grad_norm = 0.0f;  // before clipping
+  double seconds = 0.0;    // wall time of the step
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  std::optional<double> accuracy;    // classifier
+  std::optional<double> perplexity;  // lm
+};
+
+struct TrainSummary {
+  std::int64_t steps = 0;
+  double final_loss = 0.0;
+  std::optional<EvalResult> final_eval;
+  double seconds = 0.0;
+  double tokens_per_s = 0.0;  // over all steps after the first
+};
+
+// The model described by the config's model section (and the dataset's shape).
+nn::ModelConfig model_config(const config::Config& config);
+
+class Trainer {
+ public:
+  Trainer(const config::Config& config, TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs train.steps steps with logging and evaluation; returns the summary.
+  TrainSummary run();
+  // One optimizer step over train.grad_accum_steps micro-batches.
+  StepResult step();
+  // Mean loss (and accuracy or perplexity) over train.eval_batches validation batches.
+  EvalResult evaluate();
+
+  const nn::ModelConfig& model() const { return model_config_; }
+  const nn::ParameterLayout& layout() const { return layout_; }
+  nn::ParameterStore& parameters() { return *store_; }
+  std::int64_t tokens_per_step() const;
+  std::int64_t steps_done() const { return step_; }
+
+ private:
+  void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed);
+  void log_eval(const EvalResult& e);
+
+  config::Config config_;
+  TrainerOptions options_;
+  nn::ModelConfig model_config_;
+  nn::ParameterLayout layout_;
+  std::unique_ptr<nn::ParameterStore> store_;
+  std::unique_ptr<nn::Transformer> model_;
+  std::unique_ptr<data::Loader> train_loader_;
+  std::unique_ptr<data::Loader> val_loader_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  nn::LrSchedule schedule_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace dtrain::worker
