@@ -34,20 +34,31 @@ REFBLAS_DIR = LIBDIR / "blas"                # Debian libblas3 (reference BLAS)
 # PyTorch's per-step activations do not pay first-touch page faults every step.
 GLIBC_KEEP = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
 
-# name -> (process environment, how nn.Linear runs, note). Every variant is fp32.
+OPENBLAS = {"LD_LIBRARY_PATH": str(OPENBLAS_DIR)}
+KEEPMEM = {"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP}
+
+
+def variant(env, linear="torch", jit=False, mkldnn=True, note=""):
+    """env: process environment; linear: nn.Linear's engine ("torch" = BLAS sgemm,
+    "mkldnn" = oneDNN inner product); jit: torch.jit.script (CPU fuser where LLVM is built in);
+    mkldnn: torch.backends.mkldnn.enabled. Every variant is fp32."""
+    return {"env": env, "linear": linear, "jit": jit, "mkldnn": mkldnn, "note": note}
+
+
 VARIANTS = {
-    "openblas": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR)}, "torch",
-                 "eager, nn.Linear -> OpenBLAS sgemm"),
-    "openblas-keepmem": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP},
-                         "torch", "as openblas, glibc malloc keeps freed memory"),
-    "mkldnn-linear": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR)}, "mkldnn",
-                      "nn.Linear -> oneDNN inner product (mkldnn tensors), bmm -> OpenBLAS"),
-    "mkldnn-linear-keepmem": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP},
-                              "mkldnn", "as mkldnn-linear, glibc malloc keeps freed memory"),
-    "openblas-nomkldnn": ({"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP},
-                          "torch-nomkldnn", "openblas-keepmem with torch.backends.mkldnn off"),
-    # Slow (reference BLAS, what python3-torch gets without libopenblas0): not in auto.
-    "refblas": ({"LD_LIBRARY_PATH": str(REFBLAS_DIR)}, "torch", "eager, reference BLAS"),
+    "openblas": variant(OPENBLAS, note="eager; Linear, bmm -> OpenBLAS sgemm"),
+    "openblas-keepmem": variant(KEEPMEM, note="as openblas; malloc keeps freed memory"),
+    "openblas-keepmem-jit": variant(KEEPMEM, jit=True, note="as openblas-keepmem; jit.script"),
+    "openblas-keepmem-nomkldnn": variant(KEEPMEM, mkldnn=False,
+                                         note="as openblas-keepmem; backends.mkldnn off"),
+    "mkldnn-linear": variant(OPENBLAS, linear="mkldnn",
+                             note="Linear -> oneDNN inner product; bmm -> OpenBLAS"),
+    "mkldnn-linear-keepmem": variant(KEEPMEM, linear="mkldnn",
+                                     note="as mkldnn-linear; malloc keeps freed memory"),
+    "mkldnn-linear-keepmem-jit": variant(KEEPMEM, linear="mkldnn", jit=True,
+                                         note="as mkldnn-linear-keepmem; jit.script"),
+    # Reference BLAS: what python3-torch gets without libopenblas0. Slow; not in auto.
+    "refblas": variant({"LD_LIBRARY_PATH": str(REFBLAS_DIR)}, note="eager; reference BLAS"),
 }
 AUTO_VARIANTS = [v for v in VARIANTS if v != "refblas"]
 
@@ -99,7 +110,7 @@ def build_model(c, linear_impl):
             shape = x.shape
             y = torch._C._nn.mkldnn_linear(x.reshape(-1, shape[-1]).to_mkldnn(),
                                            self.weight, self.bias)
-            return y.to_dense().view(*shape[:-1], self.out_features)
+            return y.to_dense().view(list(shape[:-1]) + [self.out_features])
 
     Linear = MkldnnLinear if linear_impl == "mkldnn" else nn.Linear
 
@@ -112,15 +123,16 @@ def build_model(c, linear_impl):
             self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-5), nn.LayerNorm(d, eps=1e-5)
             self.qkv, self.proj = Linear(d, 3 * d), Linear(d, d)
             self.fc1, self.fc2 = Linear(d, c["d_ff"]), Linear(c["d_ff"], d)
+            self.causal = c["kind"] == "lm"
             mask = torch.full((c["seq"], c["seq"]), float("-inf")).triu(1)
-            self.register_buffer("mask", mask if c["kind"] == "lm" else None, persistent=False)
+            self.register_buffer("mask", mask, persistent=False)
 
         def forward(self, x):
             B, T, d = x.shape
             qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
             q, k, v = qkv[0] * (1.0 / math.sqrt(self.hd)), qkv[1], qkv[2]   # [B,H,T,hd]
             att = q @ k.transpose(-2, -1)                                     # [B,H,T,T]
-            if self.mask is not None:
+            if self.causal:
                 att = att + self.mask[:T, :T]
             y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d)
             x = x + self.proj(y)
@@ -134,7 +146,8 @@ def build_model(c, linear_impl):
             self.pos = nn.Parameter(torch.empty(c["seq"], d))
             self.blocks = nn.ModuleList(Block() for _ in range(c["layers"]))
             self.ln_f = nn.LayerNorm(d, eps=1e-5)
-            if c["kind"] == "lm":
+            self.is_lm = c["kind"] == "lm"
+            if self.is_lm:
                 self.head = Linear(d, c["vocab"], bias=False)
             else:
                 self.head = Linear(d, c["classes"])
@@ -144,7 +157,7 @@ def build_model(c, linear_impl):
             for blk in self.blocks:
                 x = blk(x)
             x = self.ln_f(x)
-            if c["kind"] == "lm":
+            if self.is_lm:
                 logits = self.head(x)
                 return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
             return F.cross_entropy(self.head(x.mean(dim=1)), targets)
@@ -205,15 +218,20 @@ def run_variant(args, c):
     """Trains in this process; prints the variant's figures as name: value lines."""
     import torch
     torch.set_num_threads(args.threads)
-    _, linear_impl, _ = VARIANTS[args.variant]
-    if linear_impl == "torch-nomkldnn":
-        torch.backends.mkldnn.enabled = False
+    var = VARIANTS[args.variant]
+    torch.backends.mkldnn.enabled = var["mkldnn"]
     torch.manual_seed(0)
-    model = build_model(c, linear_impl)
+    model = build_model(c, var["linear"])
+    if var["jit"]:
+        # The CPU fuser (NNC) needs LLVM, which Debian's python3-torch lacks.
+        torch._C._jit_override_can_fuse_on_cpu(torch._C._llvm_enabled())
+        model = torch.jit.script(model)
     opt = make_optimizer(model, c)
     gen = torch.Generator().manual_seed(1)
     times = []
-    for step in range(args.warmup + args.steps):
+    # The profiling executor optimises a scripted graph after a few runs.
+    warmup = max(args.warmup, 5) if var["jit"] else args.warmup
+    for step in range(warmup + args.steps):
         tokens, targets = make_batch(c, gen)
         t0 = time.perf_counter()
         loss = model(tokens, targets)
@@ -221,11 +239,11 @@ def run_variant(args, c):
         torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step >= args.warmup:
+        if step >= warmup:
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     tokens_per_s = c["batch"] * c["seq"] / step_s
-    peak = gemm_peak_gflops(linear_impl)
+    peak = gemm_peak_gflops(var["linear"])
     mfu = tokens_per_s * flops_per_token(c) / (peak * 1e9)
     print(f"config: {c['name']}")
     print(f"variant: {args.variant}")
@@ -249,7 +267,7 @@ def child_command(args, variant, steps):
 
 def child_env(args, variant):
     env = dict(os.environ)
-    env.update(VARIANTS[variant][0])
+    env.update(VARIANTS[variant]["env"])
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(args.threads)
     return env
@@ -265,14 +283,14 @@ def parse_figures(text):
 
 
 def print_table(rows):
-    print(f"{'variant':<24} {'step_ms':>9} {'tokens/s':>10} {'peak GF/s':>10} {'MFU':>7}  note")
+    print(f"{'variant':<26} {'step_ms':>9} {'tokens/s':>10} {'peak GF/s':>10} {'MFU':>7}  note")
     for name, fig in rows:
         if fig is None:
-            print(f"{name:<24} {'failed':>9}")
+            print(f"{name:<26} {'failed':>9}")
             continue
-        print(f"{name:<24} {float(fig['step_ms']):>9.1f} {float(fig['tokens_per_s']):>10.1f} "
+        print(f"{name:<26} {float(fig['step_ms']):>9.1f} {float(fig['tokens_per_s']):>10.1f} "
               f"{float(fig['gemm_peak_gflops']):>10.1f} {float(fig['mfu']):>7.3f}  "
-              f"{VARIANTS[name][2]}")
+              f"{VARIANTS[name]['note']}")
     sys.stdout.flush()
 
 

@@ -34,16 +34,18 @@ endfunction()
 function(dtrain_add_test file)
   cmake_parse_arguments(ARG "" "" "DEPS;LABELS" ${ARGN})
   get_filename_component(stem ${file} NAME_WE)
-  set(target test_${stem})
+  set(target ${stem})
   add_executable(${target} ${file})
   target_link_libraries(${target} PRIVATE ${ARG_DEPS} GTest::gtest_main GTest::gmock)
   dtrain_target_defaults(${target})
   set_target_properties(${target} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  target_compile_definitions(${target} PRIVATE
+    DTRAIN_TEST_BIN_DIR="${CMAKE_BINARY_DIR}/bin" DTRAIN_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
   gtest_discover_tests(${target}
-    PROPERTIES LABELS "${ARG_LABELS}" ENVIRONMENT "OMP_NUM_THREADS=1;DTRAIN_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+    PROPERTIES LABELS "${ARG_LABELS}" ENVIRONMENT OMP_NUM_THREADS=1
     DISCOVERY_TIMEOUT 60)
 endfunction()
 

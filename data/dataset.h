@@ -14,7 +14,7 @@ enum class Input { kTokens, kPatches };
 
 // What a sample looks like; fixed for the dataset's lifetime.
 struct DatasetInfo {
-  std::string name;       // for messages: "tokens 'train_*.bin' (train)"
+  std::string name{}; // for messages: "tokens 'train_*.bin' (train)"
   Task task = Task::kLm;
   Input input = Input::kTokens;
   int seq_len = 0;        // T: tokens (or patches) per sample

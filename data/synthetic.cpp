@@ -96,7 +96,7 @@ void SyntheticClassifierDataset::fill(int64_t index, Batch& batch, int row) cons
   for (int i = 0; i < T; ++i) {
     const uint64_t h = hash3(seed_ ^ kTokenSalt, global, static_cast<uint64_t>(i));
     const uint64_t r = h >> 8;
-    tokens[i] = static_cast<int32_t>((h & 0xff) * 10 < 3 * 256 ? c + (r % class_tokens) * C : r % V);
+    tokens[i] = static_cast<int32_t>((h & 0xff) < 128 ? c + (r % class_tokens) * C : r % V);
   }
   batch.targets[static_cast<std::size_t>(row)] = static_cast<int32_t>(c);
 }

@@ -35,7 +35,7 @@ class SyntheticLmDataset final : public Dataset {
 };
 
 // Example i (global index first_index + i) has label c = hash(seed, index) %
-// num_classes and seq_len tokens, each with probability 3/10 drawn from the
+// num_classes and seq_len tokens, each with probability 1/2 drawn from the
 // class's tokens {t < vocab : t % num_classes == c}, else uniform over the
 // vocabulary. Mean-pooled token embeddings separate the classes. Train and
 // validation use disjoint index ranges of one seed.

@@ -132,8 +132,9 @@ void write_token_shard(const std::string& path, std::span<const uint16_t> tokens
   File f(raw);
   bool ok = std::fwrite(header.data(), 1, header.size(), f.get()) == header.size();
   if constexpr (std::endian::native == std::endian::little) {
-    ok = ok && std::fwrite(tokens.data(), kTokenShardTokenBytes, tokens.size(), f.get()) ==
-                   tokens.size();
+    ok = ok && (tokens.empty() ||  // fwrite's pointer must not be null, even for 0 items
+                std::fwrite(tokens.data(), kTokenShardTokenBytes, tokens.size(), f.get()) ==
+                    tokens.size());
   } else {
     for (uint16_t t : tokens) {
       const unsigned char le[2] = {static_cast<unsigned char>(t), static_cast<unsigned char>(t >> 8)};

@@ -1,6 +1,7 @@
 #include "nn/adamw.h"
 
 #include <cmath>
+#include "nn/cpu/parallel.h"
 
 namespace dtrain::nn {
 
@@ -14,7 +15,7 @@ void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_av
   const float inv_bc2_sqrt = 1.0f / std::sqrt(bias_correction2);
   const float decay = 1.0f - hyper.lr * weight_decay;
   const float b1 = hyper.beta1, b2 = hyper.beta2, eps = hyper.eps;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     const float g = grad[i];
     const float m = b1 * exp_avg[i] + (1.0f - b1) * g;

@@ -5,6 +5,7 @@
 
 #include "nn/cpu/matmul.h"
 #include "nn/cpu/vec_math.h"
+#include "nn/cpu/parallel.h"
 
 namespace dtrain::nn {
 
@@ -18,7 +19,7 @@ void to_heads(const AttentionShape& s, const float* src, std::int64_t parts, std
               float* dst) {
   const std::int64_t hd = s.head_dim;
   const std::int64_t row = parts * s.d_model();
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (s.head_elems() >= kParallelMin)
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
       for (std::int64_t t = 0; t < s.seq; ++t) {
@@ -34,7 +35,7 @@ void from_heads(const AttentionShape& s, const float* src, std::int64_t parts, s
                 float* dst) {
   const std::int64_t hd = s.head_dim;
   const std::int64_t row = parts * s.d_model();
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (s.head_elems() >= kParallelMin)
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
       for (std::int64_t t = 0; t < s.seq; ++t) {
@@ -59,7 +60,7 @@ Gemm batched(const AttentionShape& s, std::int64_t m, std::int64_t n, std::int64
 void softmax_rows(const AttentionShape& s, float* p) {
   const std::int64_t T = s.seq;
   const std::int64_t rows = s.batch * s.heads * T;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * T >= kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
     float* row = p + r * T;
     const std::int64_t valid = s.causal ? (r % T) + 1 : T;
@@ -80,7 +81,7 @@ void softmax_rows(const AttentionShape& s, float* p) {
 void softmax_backward_rows(const AttentionShape& s, const float* p, float* dp) {
   const std::int64_t T = s.seq;
   const std::int64_t rows = s.batch * s.heads * T;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * T >= kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* pr = p + r * T;
     float* dr = dp + r * T;

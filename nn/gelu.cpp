@@ -1,6 +1,7 @@
 #include "nn/gelu.h"
 
 #include "nn/cpu/vec_math.h"
+#include "nn/cpu/parallel.h"
 
 namespace dtrain::nn {
 
@@ -11,7 +12,7 @@ constexpr std::int64_t kChunk = 4096;
 }  // namespace
 
 void gelu_forward(const float* x, float* y, std::int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (std::int64_t c = 0; c < n; c += kChunk) {
     const std::int64_t end = c + kChunk < n ? c + kChunk : n;
     for (std::int64_t i = c; i < end; ++i) {
@@ -22,7 +23,7 @@ void gelu_forward(const float* x, float* y, std::int64_t n) {
 }
 
 void gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (std::int64_t c = 0; c < n; c += kChunk) {
     const std::int64_t end = c + kChunk < n ? c + kChunk : n;
     for (std::int64_t i = c; i < end; ++i) {

@@ -1,12 +1,13 @@
 #include "nn/layernorm.h"
 
 #include <cmath>
+#include "nn/cpu/parallel.h"
 
 namespace dtrain::nn {
 
 void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
                        float* mean, float* rstd, std::int64_t n, std::int64_t c) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
     float* yi = y + i * c;

@@ -112,6 +112,13 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
                              config_.schedule().min_lr_ratio()};
   if (options_.write_outputs) {
     const std::filesystem::path out_dir = t.out_dir();
+    if (std::filesystem::exists(out_dir / "metrics.jsonl")) {
+      throw ConfigError("train.out_dir",
+                        fmt::format("'{}' already holds a run (metrics.jsonl); nothing there is "
+                                    "overwritten: choose a new directory with --set "
+                                    "train.out_dir=DIR, or move the old run away",
+                                    out_dir.string()));
+    }
     metrics_ = std::make_unique<MetricsWriter>(out_dir, false);
     const std::filesystem::path cfg_path = out_dir / "config.json";
     std::ofstream out(cfg_path);

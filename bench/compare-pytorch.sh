@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# dtrain against PyTorch on the same models, one CPU thread each:
+# lm-small and cls-seed (examples/configs). PyTorch runs its fastest fp32
+# variant (bench/pytorch_train.py --variant auto); dtrain runs
+# `dtrain-bench train --config ...` when that binary is built.
+#
+#   bench/compare-pytorch.sh                 # both configs, 10 timed steps
+#   STEPS=20 VARIANT=openblas BUILD_DIR=build bench/compare-pytorch.sh lm-small
+#
+# Prints each run's figures, then one summary line per config:
+#   config  torch_variant  torch_tokens/s  torch_mfu  dtrain_tokens/s  dtrain/torch
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+steps=${STEPS:-10}
+variant=${VARIANT:-auto}
+build=${BUILD_DIR:-$repo/build}
+configs=("$@")
+[[ ${#configs[@]} -gt 0 ]] || configs=(lm-small cls-seed)
+
+# One thread everywhere; OpenMP pools must not spin against each other.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+
+# field NAME TEXT: the value of the `NAME: value` line in TEXT (empty if none).
+field() { awk -v k="$1:" '$1 == k { print $2; exit }' <<<"$2"; }
+
+summary=()
+for config in "${configs[@]}"; do
+  echo "=== PyTorch: $config"
+  torch_out=$(/usr/bin/python3 "$repo/bench/pytorch_train.py" --config "$config" \
+                --steps "$steps" --variant "$variant")
+  echo "$torch_out"
+  torch_tps=$(field tokens_per_s "$torch_out")
+
+  # ---- dtrain side --------------------------------------------------------
+  # Runs when build/bin/dtrain-bench exists and prints `tokens_per_s: X`.
+  # (Extend here: more dtrain figures, e.g. mfu, step_ms.)
+  dtrain_tps=""
+  if [[ -x $build/bin/dtrain-bench ]]; then
+    echo "=== dtrain: $config"
+    dtrain_out=$("$build/bin/dtrain-bench" train --config "$repo/examples/configs/$config.json")
+    echo "$dtrain_out"
+    dtrain_tps=$(field tokens_per_s "$dtrain_out")
+  else
+    echo "=== dtrain: $build/bin/dtrain-bench not built; PyTorch figures only"
+  fi
+  # -------------------------------------------------------------------------
+
+  ratio="n/a"
+  if [[ -n $dtrain_tps && -n $torch_tps ]]; then
+    ratio=$(awk -v a="$dtrain_tps" -v b="$torch_tps" 'BEGIN { printf "%.2f", a / b }')
+  fi
+  summary+=("$(printf '%-10s %-22s %14s %9s %16s %12s' "$config" \
+    "$(field variant "$torch_out")" "$torch_tps" "$(field mfu "$torch_out")" \
+    "${dtrain_tps:-n/a}" "$ratio")")
+done
+
+echo
+printf '%-10s %-22s %14s %9s %16s %12s\n' config torch_variant torch_tokens/s torch_mfu \
+  dtrain_tokens/s dtrain/torch
+printf '%s\n' "${summary[@]}"
+echo "# command: STEPS=$steps VARIANT=$variant bench/compare-pytorch.sh ${configs[*]}"

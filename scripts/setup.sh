@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package dtrain needs to build, test and run its
+# examples. Idempotent: packages already present are left as they are.
+# Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch for bench/ comparisons)
+set -euo pipefail
+
+packages=(
+  # build
+  cmake ninja-build g++ pkg-config
+  # libraries (README.md says why each is here)
+  protobuf-compiler libprotobuf-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libdnnl-dev zlib1g-dev
+  # data the examples train on
+  dataset-fashion-mnist fortunes
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch libopenblas0-pthread)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,37 @@
+// Runs a shell command and captures its exit status and combined output. For
+// tests that drive the real binaries (build/bin).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain::testing {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// The build's binaries and the source tree, fixed when the test is compiled
+// (cmake/dtrain.cmake defines them for every test).
+inline std::string bin_dir() { return DTRAIN_TEST_BIN_DIR; }
+inline std::string source_dir() { return DTRAIN_TEST_SOURCE_DIR; }
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed: " + command);
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+}  // namespace dtrain::testing

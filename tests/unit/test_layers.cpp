@@ -1,0 +1,562 @@
+// The elementwise and row-wise layers of nn/ against double-precision
+// references, and their backward passes against finite differences of
+// L = sum(out * R) (R fixed; the analytic backward runs with dy = R).
+//
+// FD tolerances (see unit/gradient_check.h): h = 1e-2 on inputs of scale ~1;
+// rel 2e-3 covers the O(h^2) truncation of central differences for these
+// smooth layers (~1e-4 relative here); the absolute floor 1e-4 covers the
+// f32 noise of the forward, ~sqrt(outputs touched) * 1e-7 * |y R| / (2h)
+// ~ 3e-5. Forward tolerances are stated at each comparison.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "nn/cross_entropy.h"
+#include "nn/dropout.h"
+#include "nn/embedding.h"
+#include "nn/gelu.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+#include "unit/gradient_check.h"
+
+namespace dtrain::nn {
+namespace {
+
+using testing::check_gradient;
+using testing::dot;
+using testing::FdTolerance;
+using testing::random_normal;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// ---------------------------------------------------------------- LayerNorm
+
+struct LayerNormCase {
+  static constexpr std::int64_t n = 6, c = 10;
+  std::mt19937 rng{11};
+  std::vector<float> x = random_normal(rng, n * c, 2.0f, 0.5f);
+  std::vector<float> w = random_normal(rng, c, 0.5f, 1.0f);
+  std::vector<float> b = random_normal(rng, c, 0.5f);
+  std::vector<float> r = random_normal(rng, n * c);
+  std::vector<float> y = std::vector<float>(n * c), mean = std::vector<float>(n),
+                     rstd = std::vector<float>(n);
+
+  double loss() {
+    layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), n, c);
+    return dot(y.data(), r.data(), n * c);
+  }
+};
+
+TEST(LayerNorm, ForwardMatchesDoubleReference) {
+  LayerNormCase lc;
+  lc.loss();
+  for (std::int64_t i = 0; i < lc.n; ++i) {
+    double m = 0.0, var = 0.0;
+    for (std::int64_t j = 0; j < lc.c; ++j) m += lc.x[i * lc.c + j];
+    m /= lc.c;
+    for (std::int64_t j = 0; j < lc.c; ++j) var += std::pow(lc.x[i * lc.c + j] - m, 2);
+    const double rs = 1.0 / std::sqrt(var / lc.c + kLayerNormEps);
+    EXPECT_NEAR(lc.mean[i], m, 1e-6);              // |x| ~ 2: a few ulp
+    EXPECT_NEAR(lc.rstd[i], rs, 1e-6 * rs);        // relative
+    for (std::int64_t j = 0; j < lc.c; ++j) {
+      const double ref = (lc.x[i * lc.c + j] - m) * rs * lc.w[j] + lc.b[j];
+      EXPECT_NEAR(lc.y[i * lc.c + j], ref, 1e-5) << i << "," << j;  // |y| <~ 5: ~10 ulp
+    }
+  }
+}
+
+TEST(LayerNorm, NormalisesToZeroMeanUnitVarianceBeforeAffine) {
+  LayerNormCase lc;
+  std::fill(lc.w.begin(), lc.w.end(), 1.0f);
+  std::fill(lc.b.begin(), lc.b.end(), 0.0f);
+  lc.loss();
+  for (std::int64_t i = 0; i < lc.n; ++i) {
+    double m = 0.0, sq = 0.0;
+    for (std::int64_t j = 0; j < lc.c; ++j) m += lc.y[i * lc.c + j];
+    m /= lc.c;
+    for (std::int64_t j = 0; j < lc.c; ++j) sq += std::pow(lc.y[i * lc.c + j] - m, 2);
+    EXPECT_NEAR(m, 0.0, 1e-6);
+    // Biased variance var / (var + eps): within 1e-4 of 1 for var(x) ~ 4 (eps/var ~ 3e-6).
+    EXPECT_NEAR(sq / lc.c, 1.0, 1e-4);
+  }
+}
+
+TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
+  LayerNormCase lc;
+  lc.loss();
+  const auto nc = static_cast<std::size_t>(lc.n * lc.c);
+  std::vector<float> dx(nc), dw(lc.c, 0.0f), db(lc.c, 0.0f);
+  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
+                     dx.data(), dw.data(), db.data(), lc.n, lc.c, false);
+  const FdTolerance tol{1e-2, 2e-3, 1e-4, 20};
+  std::mt19937 rng(5);
+  auto loss = [&] { return lc.loss(); };
+  check_gradient("dx", lc.x.data(), dx.data(), lc.n * lc.c, loss, tol, rng);
+  check_gradient("dweight", lc.w.data(), dw.data(), lc.c, loss, tol, rng);
+  check_gradient("dbias", lc.b.data(), db.data(), lc.c, loss, tol, rng);
+}
+
+TEST(LayerNorm, BackwardAccumulatesIntoExistingGradients) {
+  LayerNormCase lc;
+  lc.loss();
+  const auto nc = static_cast<std::size_t>(lc.n * lc.c);
+  std::vector<float> dx(nc), dw(lc.c, 0.0f), db(lc.c, 0.0f);
+  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
+                     dx.data(), dw.data(), db.data(), lc.n, lc.c, false);
+  // accumulate_dx: dx, dweight and dbias all add to what is there. 1e-6: the
+  // compiler may fuse the add into an FMA, rounding once instead of twice.
+  std::vector<float> dx2(nc, 0.5f), dw2(lc.c, 0.25f), db2(lc.c, -0.75f);
+  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
+                     dx2.data(), dw2.data(), db2.data(), lc.n, lc.c, true);
+  for (std::size_t i = 0; i < nc; ++i) EXPECT_NEAR(dx2[i], 0.5f + dx[i], 1e-6);
+  for (std::int64_t j = 0; j < lc.c; ++j) {
+    EXPECT_NEAR(dw2[j], 0.25f + dw[j], 1e-6);
+    EXPECT_NEAR(db2[j], -0.75f + db[j], 1e-6);
+  }
+  // Without accumulate_dx, dx is overwritten (garbage before is ignored).
+  // Not bitwise: the vectorised body and the scalar tail round differently and
+  // where the split falls depends on the address of dx.
+  std::vector<float> dx3(nc, kNaN), dw3(lc.c, 0.0f), db3(lc.c, 0.0f);
+  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
+                     dx3.data(), dw3.data(), db3.data(), lc.n, lc.c, false);
+  for (std::size_t i = 0; i < nc; ++i) EXPECT_NEAR(dx3[i], dx[i], 1e-6);
+}
+
+// ------------------------------------------------------------------- Linear
+
+struct LinearCase {
+  static constexpr std::int64_t n = 5, in = 7, out = 6;
+  std::mt19937 rng{21};
+  std::vector<float> x = random_normal(rng, n * in);
+  std::vector<float> w = random_normal(rng, out * in, 0.5f);
+  std::vector<float> b = random_normal(rng, out);
+  std::vector<float> r = random_normal(rng, n * out);
+  std::vector<float> y = std::vector<float>(n * out);
+
+  double loss() {
+    linear_forward(x.data(), w.data(), b.data(), y.data(), n, in, out);
+    return dot(y.data(), r.data(), n * out);
+  }
+  // Reference y[i, o] and the magnitude it was summed from (for the tolerance).
+  double ref(std::int64_t i, std::int64_t o, bool bias, double* mag) const {
+    double s = bias ? b[o] : 0.0;
+    *mag = bias ? std::fabs(b[o]) : 0.0;
+    for (std::int64_t k = 0; k < in; ++k) {
+      s += static_cast<double>(x[i * in + k]) * w[o * in + k];
+      *mag += std::fabs(static_cast<double>(x[i * in + k]) * w[o * in + k]);
+    }
+    return s;
+  }
+};
+
+// fp32 accumulation of k terms: |y - ref| <= 1e-5 * sum |terms| (as test_matmul).
+TEST(Linear, ForwardMatchesNaiveDoubleMatmul) {
+  LinearCase lc;
+  lc.loss();
+  std::vector<float> y_nobias(lc.n * lc.out), y_acc(lc.n * lc.out, 2.0f);
+  linear_forward(lc.x.data(), lc.w.data(), nullptr, y_nobias.data(), lc.n, lc.in, lc.out);
+  linear_forward(lc.x.data(), lc.w.data(), lc.b.data(), y_acc.data(), lc.n, lc.in, lc.out, true);
+  for (std::int64_t i = 0; i < lc.n; ++i) {
+    for (std::int64_t o = 0; o < lc.out; ++o) {
+      double mag = 0.0;
+      const double with_b = lc.ref(i, o, true, &mag);
+      EXPECT_NEAR(lc.y[i * lc.out + o], with_b, 1e-5 * mag);
+      EXPECT_NEAR(y_acc[i * lc.out + o], 2.0 + with_b, 1e-5 * (mag + 2.0)) << "accumulate";
+      const double no_b = lc.ref(i, o, false, &mag);
+      EXPECT_NEAR(y_nobias[i * lc.out + o], no_b, 1e-5 * mag) << "no bias";
+    }
+  }
+}
+
+// Linear in every input, so central differences are exact up to f32 noise.
+TEST(Linear, BackwardMatchesFiniteDifferences) {
+  LinearCase lc;
+  std::vector<float> dx(lc.n * lc.in), dw(lc.out * lc.in, 0.0f), db(lc.out, 0.0f);
+  linear_backward(lc.r.data(), lc.x.data(), lc.w.data(), dx.data(), dw.data(), db.data(), lc.n,
+                  lc.in, lc.out);
+  const FdTolerance tol{1e-2, 2e-3, 1e-4, 20};
+  std::mt19937 rng(6);
+  auto loss = [&] { return lc.loss(); };
+  check_gradient("dx", lc.x.data(), dx.data(), lc.n * lc.in, loss, tol, rng);
+  check_gradient("dweight", lc.w.data(), dw.data(), lc.out * lc.in, loss, tol, rng);
+  check_gradient("dbias", lc.b.data(), db.data(), lc.out, loss, tol, rng);
+}
+
+TEST(Linear, BackwardAccumulatesAndSkipsNullDx) {
+  LinearCase lc;
+  const std::size_t nx = lc.n * lc.in, nw = lc.out * lc.in;
+  std::vector<float> dx(nx), dw(nw, 0.0f), db(lc.out, 0.0f);
+  linear_backward(lc.r.data(), lc.x.data(), lc.w.data(), dx.data(), dw.data(), db.data(), lc.n,
+                  lc.in, lc.out);
+  // accumulate_dx adds; dweight and dbias always add. 1e-6 covers a GEMM that
+  // sums C + AB in another order than the test's fl(C + fl(AB)).
+  std::vector<float> dx2(nx, 0.5f), dw2(nw, 0.25f), db2(lc.out, -1.0f);
+  linear_backward(lc.r.data(), lc.x.data(), lc.w.data(), dx2.data(), dw2.data(), db2.data(), lc.n,
+                  lc.in, lc.out, true);
+  for (std::size_t i = 0; i < nx; ++i) EXPECT_NEAR(dx2[i], 0.5f + dx[i], 1e-6);
+  for (std::size_t i = 0; i < nw; ++i) EXPECT_NEAR(dw2[i], 0.25f + dw[i], 1e-6);
+  for (std::int64_t o = 0; o < lc.out; ++o) EXPECT_NEAR(db2[o], -1.0f + db[o], 1e-6);
+  // Null dx (the first layer) and null dbias: the weight gradient is unchanged.
+  std::vector<float> dw3(nw, 0.0f);
+  linear_backward(lc.r.data(), lc.x.data(), lc.w.data(), nullptr, dw3.data(), nullptr, lc.n,
+                  lc.in, lc.out);
+  for (std::size_t i = 0; i < nw; ++i) EXPECT_EQ(dw3[i], dw[i]);
+  // Without accumulate_dx, dx is overwritten.
+  std::vector<float> dx4(nx, kNaN), dw4(nw, 0.0f);
+  linear_backward(lc.r.data(), lc.x.data(), lc.w.data(), dx4.data(), dw4.data(), nullptr, lc.n,
+                  lc.in, lc.out);
+  for (std::size_t i = 0; i < nx; ++i) EXPECT_EQ(dx4[i], dx[i]);
+}
+
+// --------------------------------------------------------------------- GELU
+
+double gelu_ref(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+
+// 1e-6 absolute for |y| <= 1, relative beyond (an ulp of 8 is already 9.5e-7):
+// fast_erf's 3e-7 times 0.5|x| plus the rounding of y.
+TEST(Gelu, ForwardMatchesErfFormula) {
+  std::vector<float> x(16001), y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = -8.0f + 0.001f * static_cast<float>(i);
+  gelu_forward(x.data(), y.data(), static_cast<std::int64_t>(x.size()));
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, std::fabs(y[i] - gelu_ref(x[i])) /
+                                std::max(1.0, std::fabs(gelu_ref(x[i]))));
+  }
+  EXPECT_LE(worst, 1e-6);
+  // In place (x and y alias) gives the same values.
+  std::vector<float> z = x;
+  gelu_forward(z.data(), z.data(), static_cast<std::int64_t>(z.size()));
+  EXPECT_EQ(z, y);
+}
+
+// gelu'(x) = Phi(x) + x phi(x) in double; 1e-6 absolute as the forward.
+TEST(Gelu, DerivativeMatchesClosedForm) {
+  std::vector<float> x(16001), ones(x.size(), 1.0f), dx(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = -8.0f + 0.001f * static_cast<float>(i);
+  gelu_backward(ones.data(), x.data(), dx.data(), static_cast<std::int64_t>(x.size()));
+  for (std::size_t i = 0; i < x.size(); i += 7) {
+    const double v = x[i];
+    const double ref = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) +
+                       v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI);
+    EXPECT_NEAR(dx[i], ref, 1e-6) << "x = " << v;
+  }
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferences) {
+  constexpr std::int64_t n = 64;
+  std::mt19937 rng(31);
+  std::vector<float> x = random_normal(rng, n, 2.0f), r = random_normal(rng, n), y(n), dx(n);
+  auto loss = [&] {
+    gelu_forward(x.data(), y.data(), n);
+    return dot(y.data(), r.data(), n);
+  };
+  gelu_backward(r.data(), x.data(), dx.data(), n);
+  check_gradient("dx", x.data(), dx.data(), n, loss, FdTolerance{1e-2, 2e-3, 1e-4, 20}, rng);
+  // dy and dx may alias.
+  std::vector<float> g = r;
+  gelu_backward(g.data(), x.data(), g.data(), n);
+  EXPECT_EQ(g, dx);
+}
+
+// ---------------------------------------------------------------- Embedding
+
+TEST(TokenEmbedding, ForwardAddsTokenRowAndPosition) {
+  constexpr std::int64_t B = 2, T = 3, d = 4, V = 5, max_seq = 4;
+  std::mt19937 rng(41);
+  const std::vector<float> table = random_normal(rng, V * d), pos = random_normal(rng, max_seq * d);
+  const std::vector<std::int32_t> tokens{4, 0, 4, 2, 2, 1};
+  std::vector<float> out(B * T * d);
+  token_embedding_forward(tokens.data(), table.data(), pos.data(), out.data(), B, T, d, V);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t j = 0; j < d; ++j) {
+        const float expect = table[tokens[b * T + t] * d + j] + pos[t * d + j];
+        EXPECT_EQ(out[(b * T + t) * d + j], expect) << b << "," << t << "," << j;
+      }
+    }
+  }
+}
+
+// Repeated tokens add up in their row; rows of unused tokens and positions
+// beyond T keep the value they had.
+TEST(TokenEmbedding, BackwardScatterAddsIncludingRepeatedTokens) {
+  constexpr std::int64_t B = 2, T = 3, d = 4, V = 5, max_seq = 4;
+  std::mt19937 rng(42);
+  const std::vector<std::int32_t> tokens{4, 0, 4, 2, 4, 0};  // token 4 three times, 3 never
+  const std::vector<float> g = random_normal(rng, B * T * d);
+  std::vector<float> d_table(V * d, 0.5f), d_pos(max_seq * d, -0.25f);
+  token_embedding_backward(tokens.data(), g.data(), d_table.data(), d_pos.data(), B, T, d);
+  std::vector<double> ref_table(V * d, 0.5), ref_pos(max_seq * d, -0.25);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t j = 0; j < d; ++j) {
+        ref_table[tokens[b * T + t] * d + j] += g[(b * T + t) * d + j];
+        ref_pos[t * d + j] += g[(b * T + t) * d + j];
+      }
+    }
+  }
+  for (std::size_t i = 0; i < d_table.size(); ++i) EXPECT_NEAR(d_table[i], ref_table[i], 1e-6);
+  for (std::size_t i = 0; i < d_pos.size(); ++i) EXPECT_NEAR(d_pos[i], ref_pos[i], 1e-6);
+  for (std::int64_t j = 0; j < d; ++j) {
+    EXPECT_EQ(d_table[3 * d + j], 0.5f) << "unused token row";
+    EXPECT_EQ(d_pos[3 * d + j], -0.25f) << "position beyond T";
+  }
+}
+
+TEST(TokenEmbedding, OutOfRangeTokenThrowsNamingIt) {
+  constexpr std::int64_t B = 1, T = 3, d = 2, V = 5;
+  const std::vector<float> table(V * d, 0.0f), pos(T * d, 0.0f);
+  std::vector<float> out(B * T * d);
+  for (std::int32_t bad : {5, 77, -1}) {
+    const std::vector<std::int32_t> tokens{1, bad, 2};
+    try {
+      token_embedding_forward(tokens.data(), table.data(), pos.data(), out.data(), B, T, d, V);
+      ADD_FAILURE() << "token " << bad << " did not throw";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("token " + std::to_string(bad)), std::string::npos) << what;
+      EXPECT_NE(what.find("position 1"), std::string::npos) << what;
+    }
+  }
+}
+
+struct PatchCase {
+  static constexpr std::int64_t B = 2, T = 3, d = 5, P = 4;
+  std::mt19937 rng{51};
+  std::vector<float> patches = random_normal(rng, B * T * P);
+  std::vector<float> w = random_normal(rng, d * P, 0.5f);
+  std::vector<float> b = random_normal(rng, d);
+  std::vector<float> pos = random_normal(rng, T * d);
+  std::vector<float> r = random_normal(rng, B * T * d);
+  std::vector<float> out = std::vector<float>(B * T * d);
+  double loss() {
+    patch_embedding_forward(patches.data(), w.data(), b.data(), pos.data(), out.data(), B, T, d, P);
+    return dot(out.data(), r.data(), B * T * d);
+  }
+};
+
+TEST(PatchEmbedding, ForwardIsLinearProjectionPlusPosition) {
+  PatchCase pc;
+  pc.loss();
+  for (std::int64_t bt = 0; bt < pc.B * pc.T; ++bt) {
+    const std::int64_t t = bt % pc.T;
+    for (std::int64_t j = 0; j < pc.d; ++j) {
+      double ref = pc.b[j] + pc.pos[t * pc.d + j], mag = std::fabs(ref);
+      for (std::int64_t k = 0; k < pc.P; ++k) {
+        ref += static_cast<double>(pc.patches[bt * pc.P + k]) * pc.w[j * pc.P + k];
+        mag += std::fabs(static_cast<double>(pc.patches[bt * pc.P + k]) * pc.w[j * pc.P + k]);
+      }
+      EXPECT_NEAR(pc.out[bt * pc.d + j], ref, 1e-5 * mag);
+    }
+  }
+}
+
+TEST(PatchEmbedding, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  PatchCase pc;
+  std::vector<float> dw(pc.d * pc.P, 0.0f), db(pc.d, 0.0f), dpos(pc.T * pc.d, 0.0f);
+  patch_embedding_backward(pc.patches.data(), pc.r.data(), dw.data(), db.data(), dpos.data(), pc.B,
+                           pc.T, pc.d, pc.P);
+  std::mt19937 rng(7);
+  auto loss = [&] { return pc.loss(); };
+  const FdTolerance tol{1e-2, 2e-3, 1e-4, 20};
+  check_gradient("d_weight", pc.w.data(), dw.data(), pc.d * pc.P, loss, tol, rng);
+  check_gradient("d_bias", pc.b.data(), db.data(), pc.d, loss, tol, rng);
+  check_gradient("d_pos", pc.pos.data(), dpos.data(), pc.T * pc.d, loss, tol, rng);
+  // All three gradients are added to what is there.
+  std::vector<float> dw2(dw.size(), 0.5f), db2(db.size(), 0.5f), dpos2(dpos.size(), 0.5f);
+  patch_embedding_backward(pc.patches.data(), pc.r.data(), dw2.data(), db2.data(), dpos2.data(),
+                           pc.B, pc.T, pc.d, pc.P);
+  for (std::size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw2[i], 0.5f + dw[i], 1e-6);
+  for (std::size_t i = 0; i < db.size(); ++i) EXPECT_NEAR(db2[i], 0.5f + db[i], 1e-6);
+  for (std::size_t i = 0; i < dpos.size(); ++i) EXPECT_NEAR(dpos2[i], 0.5f + dpos[i], 1e-6);
+}
+
+TEST(MeanPool, ForwardAveragesAndBackwardWritesSpreadGradient) {
+  constexpr std::int64_t B = 2, T = 3, d = 4;
+  std::mt19937 rng(61);
+  std::vector<float> x = random_normal(rng, B * T * d), r = random_normal(rng, B * d), out(B * d);
+  mean_pool_forward(x.data(), out.data(), B, T, d);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t j = 0; j < d; ++j) {
+      double m = 0.0;
+      for (std::int64_t t = 0; t < T; ++t) m += x[(b * T + t) * d + j];
+      EXPECT_NEAR(out[b * d + j], m / T, 1e-6);
+    }
+  }
+  std::vector<float> dx(B * T * d, kNaN);  // written, not added to
+  mean_pool_backward(r.data(), dx.data(), B, T, d);
+  auto loss = [&] {
+    mean_pool_forward(x.data(), out.data(), B, T, d);
+    return dot(out.data(), r.data(), B * d);
+  };
+  check_gradient("d_x", x.data(), dx.data(), B * T * d, loss, FdTolerance{1e-2, 2e-3, 1e-4, 24},
+                 rng);
+}
+
+// ------------------------------------------------------------ CrossEntropy
+
+struct CeCase {
+  static constexpr std::int64_t n = 6, v = 9;
+  std::mt19937 rng{71};
+  std::vector<float> logits = random_normal(rng, n * v, 3.0f);
+  std::vector<std::int32_t> targets = std::vector<std::int32_t>(n);
+  std::vector<float> probs = std::vector<float>(n * v);
+  CeCase() {
+    std::uniform_int_distribution<std::int32_t> pick(0, v - 1);
+    for (std::int64_t i = 0; i < n; ++i) targets[i] = pick(rng);
+    // Rows 0 and 3 are right: their target is the argmax.
+    for (std::int64_t i : {0, 3}) {
+      targets[i] = static_cast<std::int32_t>(
+          std::max_element(logits.begin() + i * v, logits.begin() + (i + 1) * v) -
+          (logits.begin() + i * v));
+    }
+  }
+  CrossEntropyResult run() {
+    return cross_entropy_forward(logits.data(), targets.data(), probs.data(), n, v);
+  }
+};
+
+// loss vs double log-softmax: 1e-6 relative per row (logits ~ N(0, 9), f32
+// logsumexp); probabilities within 1e-6 absolute (fast_exp is 2 ulp).
+TEST(CrossEntropy, ForwardMatchesDoubleLogSoftmax) {
+  CeCase cc;
+  const CrossEntropyResult res = cc.run();
+  double loss = 0.0;
+  std::int64_t correct = 0;
+  for (std::int64_t i = 0; i < cc.n; ++i) {
+    const float* x = cc.logits.data() + i * cc.v;
+    double mx = x[0], sum = 0.0;
+    std::int64_t argmax = 0;
+    for (std::int64_t j = 1; j < cc.v; ++j) {
+      if (x[j] > mx) {
+        mx = x[j];
+        argmax = j;
+      }
+    }
+    for (std::int64_t j = 0; j < cc.v; ++j) sum += std::exp(x[j] - mx);
+    for (std::int64_t j = 0; j < cc.v; ++j) {
+      EXPECT_NEAR(cc.probs[i * cc.v + j], std::exp(x[j] - mx) / sum, 1e-6);
+    }
+    loss += std::log(sum) + mx - x[cc.targets[i]];
+    correct += argmax == cc.targets[i] ? 1 : 0;
+  }
+  EXPECT_NEAR(res.loss_sum, loss, 1e-6 * loss);
+  EXPECT_EQ(res.correct, correct);
+  EXPECT_GE(res.correct, 2);
+  // probs may alias logits.
+  std::vector<float> alias = cc.logits;
+  const CrossEntropyResult res2 =
+      cross_entropy_forward(alias.data(), cc.targets.data(), alias.data(), cc.n, cc.v);
+  EXPECT_EQ(res2.loss_sum, res.loss_sum);
+  EXPECT_EQ(alias, cc.probs);
+}
+
+// Gradient of the mean loss: backward with scale 1/n. Floor 2e-5: each row's
+// loss is rounded in f32 (~5e-7 for losses ~5), / n / 2h ~ 5e-6.
+TEST(CrossEntropy, BackwardMatchesFiniteDifferencesOfMeanLoss) {
+  CeCase cc;
+  cc.run();
+  std::vector<float> grad = cc.probs;
+  cross_entropy_backward(grad.data(), cc.targets.data(), cc.n, cc.v, 1.0f / cc.n);
+  auto loss = [&] { return cc.run().loss_sum / cc.n; };
+  std::mt19937 rng(8);
+  check_gradient("d_logits", cc.logits.data(), grad.data(), cc.n * cc.v, loss,
+                 FdTolerance{1e-2, 2e-3, 2e-5, 30}, rng);
+  // Each row of the gradient sums to 0 (softmax minus one-hot).
+  for (std::int64_t i = 0; i < cc.n; ++i) {
+    double s = 0.0;
+    for (std::int64_t j = 0; j < cc.v; ++j) s += grad[i * cc.v + j];
+    EXPECT_NEAR(s, 0.0, 1e-6);
+  }
+}
+
+TEST(CrossEntropy, BackwardAppliesScale) {
+  CeCase cc;
+  cc.run();
+  std::vector<float> grad = cc.probs;
+  cross_entropy_backward(grad.data(), cc.targets.data(), cc.n, cc.v, 0.3f);
+  for (std::int64_t i = 0; i < cc.n; ++i) {
+    for (std::int64_t j = 0; j < cc.v; ++j) {
+      const float onehot = j == cc.targets[i] ? 1.0f : 0.0f;
+      EXPECT_NEAR(grad[i * cc.v + j], (cc.probs[i * cc.v + j] - onehot) * 0.3f, 1e-7);
+    }
+  }
+}
+
+TEST(CrossEntropy, TargetOutsideRangeThrowsNamingTheRow) {
+  CeCase cc;
+  for (std::int32_t bad : {9, -1}) {
+    cc.targets[2] = bad;
+    try {
+      cc.run();
+      ADD_FAILURE() << "target " << bad << " did not throw";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("row 2"), std::string::npos) << what;
+      EXPECT_NE(what.find("target " + std::to_string(bad)), std::string::npos) << what;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ Dropout
+
+TEST(Dropout, ZeroProbabilityIsIdentity) {
+  std::mt19937 rng(81);
+  std::vector<float> x = random_normal(rng, 1000);
+  const std::vector<float> orig = x;
+  dropout_apply(x.data(), 1000, 0.0f, dropout_key(1, 2, 3, 4));
+  EXPECT_EQ(x, orig);
+}
+
+// n = 200000 with p = 0.5: the kept fraction has sd 0.0011, so +-0.01 is ~9 sd.
+TEST(Dropout, HalfKeepsAboutHalfAndScalesByTwo) {
+  constexpr std::int64_t n = 200000;
+  std::mt19937 rng(82);
+  const std::vector<float> orig = random_normal(rng, n);
+  for (float p : {0.5f, 0.1f}) {
+    std::vector<float> x = orig;
+    dropout_apply(x.data(), n, p, dropout_key(7, 0, 0, 0));
+    std::int64_t kept = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (x[i] == 0.0f) continue;
+      ++kept;
+      ASSERT_EQ(x[i], orig[i] * (1.0f / (1.0f - p))) << "p = " << p << ", i = " << i;
+    }
+    EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 0.01) << "p = " << p;
+  }
+}
+
+// The mask depends on the key only (not on the values), so backward can
+// recompute it; another key gives another mask.
+TEST(Dropout, SameKeySameMaskDifferentKeyDifferentMask) {
+  constexpr std::int64_t n = 10000;
+  std::mt19937 rng(83);
+  std::vector<float> a = random_normal(rng, n), b(n, 1.0f), c(n, 1.0f);
+  const std::uint64_t key = dropout_key(5, 10, 1, 3);
+  EXPECT_EQ(key, dropout_key(5, 10, 1, 3));
+  dropout_apply(a.data(), n, 0.5f, key);
+  dropout_apply(b.data(), n, 0.5f, key);
+  std::int64_t differ = 0;
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(a[i] == 0.0f, b[i] == 0.0f) << i;
+  for (const std::uint64_t other :
+       {dropout_key(6, 10, 1, 3), dropout_key(5, 11, 1, 3), dropout_key(5, 10, 2, 3),
+        dropout_key(5, 10, 1, 4)}) {
+    ASSERT_NE(other, key);
+    std::fill(c.begin(), c.end(), 1.0f);
+    dropout_apply(c.data(), n, 0.5f, other);
+    differ = 0;
+    for (std::int64_t i = 0; i < n; ++i) differ += (b[i] == 0.0f) != (c[i] == 0.0f) ? 1 : 0;
+    // Independent masks disagree on half the elements (sd 0.005 of n).
+    EXPECT_NEAR(static_cast<double>(differ) / n, 0.5, 0.03);
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::nn
