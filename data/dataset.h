@@ -14,25 +14,25 @@ enum class Input { kTokens, kPatches };
 
 // What a sample looks like; fixed for the dataset's lifetime.
 struct DatasetInfo {
-  std::string name{}; // for messages: "tokens 'train_*.bin' (train)"
+  std::string name{};  // for messages: "tokens 'train_*.bin' (train)"
   Task task = Task::kLm;
   Input input = Input::kTokens;
-  int seq_len = 0;        // T: tokens (or patches) per sample
-  int vocab_size = 0;     // tokens input: every token is < vocab_size
-  int num_classes = 0;    // classification: every label is < num_classes
-  int patch_size = 0;     // patches input: a patch is patch_size x patch_size values
+  int seq_len = 0;      // T: tokens (or patches) per sample
+  int vocab_size = 0;   // tokens input: every token is < vocab_size
+  int num_classes = 0;  // classification: every label is < num_classes
+  int patch_size = 0;   // patches input: a patch is patch_size x patch_size values
 };
 
 // One micro-batch of `rows` samples, row-major. Allocated once per Loader slot
 // (make_batch) and overwritten in place, so steady-state steps do not allocate.
 struct Batch {
   int rows = 0;
-  int seq_len = 0;                // T
-  int patch_dim = 0;              // values per patch (patch_size^2); 0 for token input
-  std::vector<int32_t> tokens;    // [rows, T] input tokens (token input only)
-  std::vector<float> patches;     // [rows, T, patch_dim] normalized pixels (patch input only)
-  std::vector<int32_t> targets;   // LM: [rows, T] next tokens; classification: [rows] labels
-  int64_t first_sample = 0;       // global sample index of row 0
+  int seq_len = 0;               // T
+  int patch_dim = 0;             // values per patch (patch_size^2); 0 for token input
+  std::vector<int32_t> tokens;   // [rows, T] input tokens (token input only)
+  std::vector<float> patches;    // [rows, T, patch_dim] normalized pixels (patch input only)
+  std::vector<int32_t> targets;  // LM: [rows, T] next tokens; classification: [rows] labels
+  int64_t first_sample = 0;      // global sample index of row 0
 };
 
 // An immutable split. fill() is const and touches no shared mutable state, so

@@ -31,7 +31,9 @@ void require_seq_len(const DataSpec& spec) {
 }
 
 Stream load_stream(const DataSpec& spec, const std::string& path) {
-  if (spec.kind == "text") return std::make_shared<const std::vector<uint16_t>>(read_text_bytes(path));
+  if (spec.kind == "text") {
+    return std::make_shared<const std::vector<uint16_t>>(read_text_bytes(path));
+  }
   return std::make_shared<const std::vector<uint16_t>>(read_token_shards(path, spec.vocab_size));
 }
 
@@ -71,7 +73,8 @@ DatasetPair make_stream_datasets(const DataSpec& spec) {
     const Stream val = load_stream(spec, spec.val_path);
     const auto n_val = static_cast<int64_t>(val->size());
     return {stream_split(spec, train, 0, n, name + " (train)"),
-            stream_split(spec, val, 0, n_val, fmt::format("{} '{}' (validation)", spec.kind, spec.val_path))};
+            stream_split(spec, val, 0, n_val,
+                         fmt::format("{} '{}' (validation)", spec.kind, spec.val_path))};
   }
   // No data.val_path: the last kHoldOutPercent of the stream is the validation
   // split, and training never reads it.
@@ -107,18 +110,22 @@ DatasetPair make_synthetic_datasets(const DataSpec& spec) {
     if (spec.vocab_size < 2) {
       throw ConfigError("model.vocab_size", fmt::format("must be >= 2, got {}", spec.vocab_size));
     }
-    const int64_t train_tokens = spec.synthetic_train_size > 0 ? spec.synthetic_train_size : kSyntheticLmTrainTokens;
-    const int64_t val_tokens = spec.synthetic_val_size > 0 ? spec.synthetic_val_size : kSyntheticLmValTokens;
+    const int64_t train_tokens =
+        spec.synthetic_train_size > 0 ? spec.synthetic_train_size : kSyntheticLmTrainTokens;
+    const int64_t val_tokens =
+        spec.synthetic_val_size > 0 ? spec.synthetic_val_size : kSyntheticLmValTokens;
     if (lm_window_count(std::min(train_tokens, val_tokens), spec.seq_len) < 1) {
-      throw ConfigError("data.seq_len", fmt::format("is {} but the synthetic streams hold {} and {} "
-                                                    "tokens; lower it",
-                                                    spec.seq_len, train_tokens, val_tokens));
+      throw ConfigError("data.seq_len",
+                        fmt::format("is {} but the synthetic streams hold {} and {} "
+                                    "tokens; lower it",
+                                    spec.seq_len, train_tokens, val_tokens));
     }
     // Validation is another stream of the same rule (a derived seed).
-    return {std::make_shared<SyntheticLmDataset>(train_tokens, spec.seq_len, spec.vocab_size, spec.seed,
-                                                 "synthetic lm (train)"),
+    return {std::make_shared<SyntheticLmDataset>(train_tokens, spec.seq_len, spec.vocab_size,
+                                                 spec.seed, "synthetic lm (train)"),
             std::make_shared<SyntheticLmDataset>(val_tokens, spec.seq_len, spec.vocab_size,
-                                                 hash3(spec.seed, 1, 0x56414c), "synthetic lm (validation)")};
+                                                 hash3(spec.seed, 1, 0x56414c),
+                                                 "synthetic lm (validation)")};
   }
   require_model_kind(spec, "classifier");
   if (spec.num_classes < 2) {
@@ -129,14 +136,16 @@ DatasetPair make_synthetic_datasets(const DataSpec& spec) {
                                                       "least model.num_classes ({}) tokens",
                                                       spec.vocab_size, spec.num_classes));
   }
-  const int64_t train_n = spec.synthetic_train_size > 0 ? spec.synthetic_train_size : kSyntheticClassifierTrainExamples;
-  const int64_t val_n = spec.synthetic_val_size > 0 ? spec.synthetic_val_size : kSyntheticClassifierValExamples;
+  const int64_t train_n =
+      spec.synthetic_train_size > 0 ? spec.synthetic_train_size : kSyntheticClassifierTrainExamples;
+  const int64_t val_n =
+      spec.synthetic_val_size > 0 ? spec.synthetic_val_size : kSyntheticClassifierValExamples;
   // Validation examples are the indices after the training ones: disjoint.
   return {std::make_shared<SyntheticClassifierDataset>(train_n, 0, spec.seq_len, spec.vocab_size,
                                                        spec.num_classes, spec.seed,
                                                        "synthetic classifier (train)"),
-          std::make_shared<SyntheticClassifierDataset>(val_n, train_n, spec.seq_len, spec.vocab_size,
-                                                       spec.num_classes, spec.seed,
+          std::make_shared<SyntheticClassifierDataset>(val_n, train_n, spec.seq_len,
+                                                       spec.vocab_size, spec.num_classes, spec.seed,
                                                        "synthetic classifier (validation)")};
 }
 
@@ -146,8 +155,9 @@ DatasetPair make_datasets(const DataSpec& spec) {
   if (spec.kind == "tokens" || spec.kind == "text") return make_stream_datasets(spec);
   if (spec.kind == "fashion_mnist") return make_fashion_datasets(spec);
   if (spec.kind == "synthetic") return make_synthetic_datasets(spec);
-  throw ConfigError("data.kind", fmt::format("'{}' is not one of tokens, text, fashion_mnist, synthetic",
-                                             spec.kind));
+  throw ConfigError(
+      "data.kind",
+      fmt::format("'{}' is not one of tokens, text, fashion_mnist, synthetic", spec.kind));
 }
 
 }  // namespace dtrain::data

@@ -12,14 +12,14 @@
 namespace dtrain::data {
 
 struct DataSpec {
-  std::string kind{}; // data.kind: tokens | text | fashion_mnist | synthetic
-  std::string path{}; // data.path (fashion_mnist: defaults to kFashionMnistDir)
-  std::string val_path{}; // data.val_path; empty: hold out the end of the training data
+  std::string kind{};        // data.kind: tokens | text | fashion_mnist | synthetic
+  std::string path{};        // data.path (fashion_mnist: defaults to kFashionMnistDir)
+  std::string val_path{};    // data.val_path; empty: hold out the end of the training data
   int seq_len = 0;           // data.seq_len (fashion_mnist: derived from model.patch_size)
   int vocab_size = 0;        // model.vocab_size
   int num_classes = 0;       // model.num_classes
   int patch_size = 0;        // model.patch_size
-  std::string model_kind{}; // model.kind: lm | classifier
+  std::string model_kind{};  // model.kind: lm | classifier
   uint64_t seed = 0;         // train.seed: seeds the synthetic data
   // Synthetic sizes: LM stream tokens, or classifier examples (0: defaults below).
   int64_t synthetic_train_size = 0;

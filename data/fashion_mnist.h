@@ -24,7 +24,8 @@ class FashionMnistDataset final : public Dataset {
   // Takes the decoded images and labels. Throws DataError naming `name` when
   // their counts differ or a label is >= 10, ConfigError("model.patch_size")
   // when patch_size does not divide the image sides.
-  FashionMnistDataset(IdxImages images, std::vector<uint8_t> labels, int patch_size, std::string name);
+  FashionMnistDataset(IdxImages images, std::vector<uint8_t> labels, int patch_size,
+                      std::string name);
 
   // Loads `split` ("train" or "t10k") from `dir`: {split}-images-idx3-ubyte.gz
   // and {split}-labels-idx1-ubyte.gz. A missing file's IoError names the path

@@ -59,25 +59,28 @@ std::array<uint32_t, 4> read_header(gzFile f, int ints, uint32_t magic, const st
   const auto bytes = static_cast<std::size_t>(4 * ints);
   const std::size_t got = read_gz(f, std::span<uint8_t>(raw.data(), bytes), path);
   if (got < bytes) {
-    throw DataError(fmt::format("IDX file '{}' is truncated: {} bytes, shorter than its {}-byte header",
-                                path, got, bytes));
+    throw DataError(fmt::format(
+        "IDX file '{}' is truncated: {} bytes, shorter than its {}-byte header", path, got, bytes));
   }
   std::array<uint32_t, 4> words{};
   for (int i = 0; i < ints; ++i) words[i] = load_be32(&raw[4 * i]);
   if (words[0] != magic) {
-    throw DataError(fmt::format("IDX file '{}': found magic {:#010x}, expected {:#010x}; "
-                                "it is not the IDX file its name says",
-                                path, words[0], magic));
+    throw DataError(
+        fmt::format("IDX file '{}': found magic {:#010x}, expected {:#010x}; "
+                    "it is not the IDX file its name says",
+                    path, words[0], magic));
   }
   return words;
 }
 
-void read_payload(gzFile f, std::span<uint8_t> out, const std::string& path, const std::string& what) {
+void read_payload(gzFile f, std::span<uint8_t> out, const std::string& path,
+                  const std::string& what) {
   const std::size_t got = read_gz(f, out, path);
   if (got < out.size()) {
-    throw DataError(fmt::format("IDX file '{}' is truncated: header says {} ({} bytes), file holds {} "
-                                "bytes; re-download it",
-                                path, what, out.size(), got));
+    throw DataError(
+        fmt::format("IDX file '{}' is truncated: header says {} ({} bytes), file holds {} "
+                    "bytes; re-download it",
+                    path, what, out.size(), got));
   }
 }
 
@@ -87,7 +90,8 @@ IdxImages read_idx_images(const std::string& gz_path, const std::string& missing
   GzFile f = open_gz(gz_path, missing_hint);
   const auto h = read_header(f.get(), 4, kIdxImagesMagic, gz_path);
   if (h[2] == 0 || h[3] == 0 || h[2] > 1u << 15 || h[3] > 1u << 15 || h[1] > INT32_MAX) {
-    throw DataError(fmt::format("IDX file '{}': implausible shape {} x {} x {}", gz_path, h[1], h[2], h[3]));
+    throw DataError(
+        fmt::format("IDX file '{}': implausible shape {} x {} x {}", gz_path, h[1], h[2], h[3]));
   }
   IdxImages images;
   images.count = h[1];
@@ -102,7 +106,9 @@ IdxImages read_idx_images(const std::string& gz_path, const std::string& missing
 std::vector<uint8_t> read_idx_labels(const std::string& gz_path, const std::string& missing_hint) {
   GzFile f = open_gz(gz_path, missing_hint);
   const auto h = read_header(f.get(), 2, kIdxLabelsMagic, gz_path);
-  if (h[1] > INT32_MAX) throw DataError(fmt::format("IDX file '{}': implausible count {}", gz_path, h[1]));
+  if (h[1] > INT32_MAX) {
+    throw DataError(fmt::format("IDX file '{}': implausible count {}", gz_path, h[1]));
+  }
   std::vector<uint8_t> labels(h[1]);
   read_payload(f.get(), labels, gz_path, fmt::format("{} labels", h[1]));
   return labels;

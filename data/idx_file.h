@@ -18,6 +18,7 @@ struct IdxImages {
 // `missing_hint`, e.g. the package that installs it), DataError naming the
 // file on a wrong magic, a corrupt stream, or fewer bytes than the header says.
 IdxImages read_idx_images(const std::string& gz_path, const std::string& missing_hint = "");
-std::vector<uint8_t> read_idx_labels(const std::string& gz_path, const std::string& missing_hint = "");
+std::vector<uint8_t> read_idx_labels(const std::string& gz_path,
+                                     const std::string& missing_hint = "");
 
 }  // namespace dtrain::data

@@ -19,11 +19,12 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
       start_(options_.start) {
   DTRAIN_CHECK(options_.world > 0 && options_.rank >= 0 && options_.rank < options_.world,
                "loader '{}': rank {} of world {}", options_.name, options_.rank, options_.world);
-  DTRAIN_CHECK(options_.start >= 0, "loader '{}': negative start {}", options_.name, options_.start);
+  DTRAIN_CHECK(options_.start >= 0, "loader '{}': negative start {}", options_.name,
+               options_.start);
   if (options_.micro_batch <= 0) {
-    throw ConfigError("train.micro_batch_size",
-                      fmt::format("must be positive, got {} (loader '{}')", options_.micro_batch,
-                                  options_.name));
+    throw ConfigError(
+        "train.micro_batch_size",
+        fmt::format("must be positive, got {} (loader '{}')", options_.micro_batch, options_.name));
   }
   if (options_.prefetch < 0) {
     throw ConfigError("data.prefetch", fmt::format("must be >= 0, got {}", options_.prefetch));
@@ -56,9 +57,7 @@ void Loader::fill(int64_t start, int64_t batch_index, Batch& batch) {
 void Loader::produce() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] {
-      return stop_ || (!error_ && produced_ < consumed_ + options_.prefetch);
-    });
+    cv_.wait(lock, [&] { return stop_ || (!error_ && produced_ < consumed_ + options_.prefetch); });
     if (stop_) return;
     const int64_t index = produced_;
     const int64_t start = start_;

@@ -25,10 +25,10 @@ struct LoaderOptions {
   int micro_batch = 1;         // B: rows per batch on this rank
   int rank = 0;
   int world = 1;
-  uint64_t seed = 0;           // shuffle seed
+  uint64_t seed = 0;  // shuffle seed
   bool shuffle = false;
-  int prefetch = 2;            // batches filled ahead; 0 fills synchronously in next()
-  int64_t start = 0;           // global sample index of the first batch (a checkpoint's position)
+  int prefetch = 2;   // batches filled ahead; 0 fills synchronously in next()
+  int64_t start = 0;  // global sample index of the first batch (a checkpoint's position)
 };
 
 class Loader {
@@ -64,15 +64,15 @@ class Loader {
 
   const std::shared_ptr<const Dataset> dataset_;
   const LoaderOptions options_;
-  Sampler sampler_;            // used by whichever thread fills (producer, or next() when prefetch = 0)
-  std::vector<Batch> slots_;   // batch k lives in slots_[k % slots_.size()]
+  Sampler sampler_;  // used by whichever thread fills (producer, or next() when prefetch = 0)
+  std::vector<Batch> slots_;  // batch k lives in slots_[k % slots_.size()]
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int64_t start_;              // guarded by mu_, as are the fields below
-  int64_t produced_ = 0;       // batches filled since start_
-  int64_t consumed_ = 0;       // batches handed out since start_
-  uint64_t generation_ = 0;    // bumped by reset(); a fill begun before it is dropped
+  int64_t start_;            // guarded by mu_, as are the fields below
+  int64_t produced_ = 0;     // batches filled since start_
+  int64_t consumed_ = 0;     // batches handed out since start_
+  uint64_t generation_ = 0;  // bumped by reset(); a fill begun before it is dropped
   std::exception_ptr error_;
   bool stop_ = false;
   std::thread producer_;

@@ -12,7 +12,7 @@ namespace {
 // Uniform in [0, bound] by rejection (no modulo bias), unlike
 // std::uniform_int_distribution whose algorithm differs between libraries.
 uint64_t draw_at_most(std::mt19937_64& rng, uint64_t bound) {
-  const uint64_t range = bound + 1;  // bound < 2^63 here, so no overflow
+  const uint64_t range = bound + 1;                // bound < 2^63 here, so no overflow
   const uint64_t threshold = (0 - range) % range;  // 2^64 mod range
   while (true) {
     const uint64_t r = rng();

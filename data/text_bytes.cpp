@@ -40,7 +40,8 @@ std::vector<std::string> list_text_files(const std::string& path) {
   }
   if (ec) throw IoError(fmt::format("cannot list text data folder '{}': {}", path, ec.message()));
   if (files.empty()) {
-    throw IoError(fmt::format("text data folder '{}' holds no text file{}", path, install_hint(path)));
+    throw IoError(
+        fmt::format("text data folder '{}' holds no text file{}", path, install_hint(path)));
   }
   std::sort(files.begin(), files.end());
   return files;

@@ -26,7 +26,8 @@ File open_file(const std::string& path, const char* mode) {
   std::FILE* f = std::fopen(path.c_str(), mode);
   if (f == nullptr) {
     if (errno == ENOENT) {
-      throw IoError(fmt::format("token shard '{}' does not exist; check data.path / data.val_path", path));
+      throw IoError(
+          fmt::format("token shard '{}' does not exist; check data.path / data.val_path", path));
     }
     throw_errno("cannot open token shard", path);
   }
@@ -69,10 +70,10 @@ void append_token_shard(const std::string& path, std::vector<uint16_t>& out) {
   }
   const int32_t magic = load_le32(&header[4 * kTokenShardMagicField]);
   if (magic != kTokenShardMagic) {
-    throw DataError(fmt::format(
-        "token shard '{}': found magic {}, expected {} (llm.c token shard); "
-        "the file is not a token shard",
-        path, magic, kTokenShardMagic));
+    throw DataError(
+        fmt::format("token shard '{}': found magic {}, expected {} (llm.c token shard); "
+                    "the file is not a token shard",
+                    path, magic, kTokenShardMagic));
   }
   const int32_t version = load_le32(&header[4 * kTokenShardVersionField]);
   if (version != kTokenShardVersion) {
@@ -91,15 +92,16 @@ void append_token_shard(const std::string& path, std::vector<uint16_t>& out) {
         path, count, held));
   }
   if (file_bytes != expected_bytes) {
-    throw DataError(fmt::format(
-        "token shard '{}': header says {} tokens ({} bytes) but the file has {} bytes; "
-        "the shard is corrupt, re-create it",
-        path, count, expected_bytes, file_bytes));
+    throw DataError(
+        fmt::format("token shard '{}': header says {} tokens ({} bytes) but the file has {} bytes; "
+                    "the shard is corrupt, re-create it",
+                    path, count, expected_bytes, file_bytes));
   }
   const std::size_t old_size = out.size();
   out.resize(old_size + static_cast<std::size_t>(count));
-  const std::size_t got = std::fread(out.data() + old_size, kTokenShardTokenBytes,
-                                     static_cast<std::size_t>(count), f.get());
+  const std::size_t got = count == 0 ? 0
+                                     : std::fread(out.data() + old_size, kTokenShardTokenBytes,
+                                                  static_cast<std::size_t>(count), f.get());
   if (got != static_cast<std::size_t>(count)) {
     out.resize(old_size);
     if (std::ferror(f.get())) throw_errno("cannot read token shard", path);
@@ -118,9 +120,10 @@ std::vector<uint16_t> read_token_shard(const std::string& path) {
 
 void write_token_shard(const std::string& path, std::span<const uint16_t> tokens) {
   if (tokens.size() > static_cast<std::size_t>(INT32_MAX)) {
-    throw DataError(fmt::format("cannot write {} tokens to '{}': an llm.c shard holds at most {}; "
-                                "split the data into several shards",
-                                tokens.size(), path, INT32_MAX));
+    throw DataError(
+        fmt::format("cannot write {} tokens to '{}': an llm.c shard holds at most {}; "
+                    "split the data into several shards",
+                    tokens.size(), path, INT32_MAX));
   }
   std::array<unsigned char, kTokenShardHeaderBytes> header{};
   store_le32(&header[4 * kTokenShardMagicField], kTokenShardMagic);
@@ -137,7 +140,8 @@ void write_token_shard(const std::string& path, std::span<const uint16_t> tokens
                     tokens.size());
   } else {
     for (uint16_t t : tokens) {
-      const unsigned char le[2] = {static_cast<unsigned char>(t), static_cast<unsigned char>(t >> 8)};
+      const unsigned char le[2] = {static_cast<unsigned char>(t),
+                                   static_cast<unsigned char>(t >> 8)};
       ok = ok && std::fwrite(le, 1, 2, f.get()) == 2;
     }
   }
@@ -157,13 +161,16 @@ std::vector<std::string> expand_shard_paths(const std::string& pattern) {
   ::globfree(&g);
   if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty())) {
     if (!has_glob_chars(pattern)) {
-      throw IoError(fmt::format("token shard '{}' does not exist; check data.path / data.val_path",
-                                pattern));
+      throw IoError(
+          fmt::format("token shard '{}' does not exist; check data.path / data.val_path", pattern));
     }
-    throw IoError(fmt::format("no token shard matches '{}'; check data.path / data.val_path",
-                              pattern));
+    throw IoError(
+        fmt::format("no token shard matches '{}'; check data.path / data.val_path", pattern));
   }
-  if (rc != 0) throw IoError(fmt::format("cannot expand token shard pattern '{}' (glob error {})", pattern, rc));
+  if (rc != 0) {
+    throw IoError(
+        fmt::format("cannot expand token shard pattern '{}' (glob error {})", pattern, rc));
+  }
   std::sort(paths.begin(), paths.end());
   return paths;
 }
@@ -171,10 +178,10 @@ std::vector<std::string> expand_shard_paths(const std::string& pattern) {
 void check_token_range(std::span<const uint16_t> tokens, int vocab_size, const std::string& file) {
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] >= vocab_size) {
-      throw DataError(fmt::format(
-          "token shard '{}': token {} at position {} is >= model.vocab_size {}; "
-          "raise model.vocab_size or re-tokenize the data",
-          file, tokens[i], i, vocab_size));
+      throw DataError(
+          fmt::format("token shard '{}': token {} at position {} is >= model.vocab_size {}; "
+                      "raise model.vocab_size or re-tokenize the data",
+                      file, tokens[i], i, vocab_size));
     }
   }
 }
@@ -184,7 +191,9 @@ std::vector<uint16_t> read_token_shards(const std::string& pattern, int vocab_si
   for (const std::string& path : expand_shard_paths(pattern)) {
     const std::size_t begin = stream.size();
     append_token_shard(path, stream);
-    if (vocab_size > 0) check_token_range(std::span<const uint16_t>(stream).subspan(begin), vocab_size, path);
+    if (vocab_size > 0) {
+      check_token_range(std::span<const uint16_t>(stream).subspan(begin), vocab_size, path);
+    }
   }
   return stream;
 }

@@ -21,8 +21,8 @@ TokenStreamDataset::TokenStreamDataset(std::shared_ptr<const std::vector<uint16_
                    end <= static_cast<int64_t>(stream_->size()),
                "range [{}, {}) of a stream of {} tokens", begin, end,
                stream_ ? stream_->size() : 0);
-  DTRAIN_CHECK(seq_len > 0 && windows_ > 0, "{}: {} tokens hold no window of {}+1",
-               info().name, end - begin, seq_len);
+  DTRAIN_CHECK(seq_len > 0 && windows_ > 0, "{}: {} tokens hold no window of {}+1", info().name,
+               end - begin, seq_len);
 }
 
 void TokenStreamDataset::fill(int64_t index, Batch& batch, int row) const {

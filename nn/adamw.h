@@ -36,8 +36,9 @@ void adamw_step(const ParameterLayout& layout, std::span<float> params,
 // Sum of squares (accumulated in double) of a gradient range.
 double sum_of_squares(const float* x, std::int64_t n);
 
-// torch.nn.utils.clip_grad_norm_: if norm > max_norm, scales grads by
-// max_norm / (norm + 1e-6). Returns the factor applied (1 when none).
+// torch.nn.utils.clip_grad_norm_: the factor is min(1, max_norm / (norm + 1e-6)),
+// so it is already below 1 at norm == max_norm, as in torch; max_norm <= 0
+// disables clipping (factor 1).
 float clip_factor(double global_norm, float max_norm);
 void scale(float* x, std::int64_t n, float factor);
 

@@ -1,5 +1,7 @@
-// Learning-rate schedule: linear warmup from 0, then cosine, linear or
-// constant decay to lr * min_lr_ratio at the last step.
+// Learning-rate schedule: linear warmup ((step + 1) / warmup_steps * lr), then
+// cosine or linear decay that reaches lr * min_lr_ratio at step total_steps
+// and stays there (the last update of a run, total_steps - 1, is one step
+// short of it, as torch's CosineAnnealingLR), or constant lr.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -34,9 +35,10 @@ struct KeyHash {
                            g.stride_c}) {
       mix(v);
     }
+    const float alpha = g.alpha == 0.0f ? 0.0f : g.alpha;  // -0 == 0 must hash alike
     std::int32_t alpha_bits = 0;
-    static_assert(sizeof(alpha_bits) == sizeof(g.alpha));
-    std::memcpy(&alpha_bits, &g.alpha, sizeof(alpha_bits));
+    static_assert(sizeof(alpha_bits) == sizeof(alpha));
+    std::memcpy(&alpha_bits, &alpha, sizeof(alpha_bits));
     mix(alpha_bits);
     mix((g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.accumulate ? 4 : 0) | (key.bias ? 8 : 0));
     return h;
@@ -105,6 +107,11 @@ void validate(const Gemm& g, bool with_bias) {
   if (g.lda != 0 && g.lda < (g.trans_a ? g.m : g.k)) fail("lda is smaller than a stored row of A");
   if (g.ldb != 0 && g.ldb < (g.trans_b ? g.k : g.n)) fail("ldb is smaller than a stored row of B");
   if (g.ldc != 0 && g.ldc < g.n) fail("ldc is smaller than n");
+  const std::int64_t ldc = g.ldc != 0 ? g.ldc : g.n;
+  if (g.batch > 1 && g.stride_c != 0 && g.stride_c < (g.m - 1) * ldc + g.n) {
+    fail("stride_c is smaller than one item of C: items would overlap");
+  }
+  if (!std::isfinite(g.alpha)) fail("alpha is not finite");
   if (with_bias && g.alpha != 1.0f) fail("alpha != 1 with a bias is not supported");
 }
 

@@ -24,7 +24,8 @@ class TempDir {
  public:
   TempDir() {
     std::random_device rd;
-    path_ = fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
+    path_ =
+        fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -45,7 +46,8 @@ void put_be32(std::vector<uint8_t>& out, uint32_t v) {
 void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
+            static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(f), Z_OK);
 }
 
@@ -85,8 +87,11 @@ TEST(FashionMnist, ParsesIdxAndCutsRowMajorPatches) {
   EXPECT_EQ(images.rows, 28);
   EXPECT_EQ(images.pixels[2 * 784 + 5 * 28 + 9], pixel(2, 5, 9));
 
-  const DatasetPair pair = make_datasets({.kind = "fashion_mnist", .path = dir.str(), .num_classes = 10,
-                                          .patch_size = 7, .model_kind = "classifier"});
+  const DatasetPair pair = make_datasets({.kind = "fashion_mnist",
+                                          .path = dir.str(),
+                                          .num_classes = 10,
+                                          .patch_size = 7,
+                                          .model_kind = "classifier"});
   EXPECT_EQ(pair.train->size(), 5);
   EXPECT_EQ(pair.val->size(), 2);
   const DatasetInfo& info = pair.train->info();
@@ -144,7 +149,10 @@ TEST(FashionMnist, MissingDirectoryNamesPathAndPackage) {
   TempDir dir;
   const std::string missing = dir.file("fashion");
   try {
-    make_datasets({.kind = "fashion_mnist", .path = missing, .num_classes = 10, .patch_size = 4,
+    make_datasets({.kind = "fashion_mnist",
+                   .path = missing,
+                   .num_classes = 10,
+                   .patch_size = 4,
                    .model_kind = "classifier"});
     FAIL() << "expected IoError";
   } catch (const IoError& e) {

@@ -24,7 +24,8 @@ constexpr auto kWait = 5000ms;
 // tells which window it is.
 std::shared_ptr<const Dataset> counting_dataset(int64_t n_tokens, int seq_len) {
   auto stream = std::make_shared<std::vector<uint16_t>>(static_cast<std::size_t>(n_tokens));
-  for (int64_t i = 0; i < n_tokens; ++i) (*stream)[static_cast<std::size_t>(i)] = static_cast<uint16_t>(i % 60000);
+  for (int64_t i = 0; i < n_tokens; ++i)
+    (*stream)[static_cast<std::size_t>(i)] = static_cast<uint16_t>(i % 60000);
   return std::make_shared<TokenStreamDataset>(stream, 0, n_tokens, seq_len, 60000, "counting");
 }
 
@@ -33,12 +34,14 @@ std::vector<int64_t> read_windows(Loader& loader, int batches) {
   std::vector<int64_t> windows;
   for (int b = 0; b < batches; ++b) {
     const Batch& batch = loader.next(kWait);
-    for (int r = 0; r < batch.rows; ++r) windows.push_back(batch.tokens[static_cast<std::size_t>(r * batch.seq_len)] / batch.seq_len);
+    for (int r = 0; r < batch.rows; ++r)
+      windows.push_back(batch.tokens[static_cast<std::size_t>(r * batch.seq_len)] / batch.seq_len);
   }
   return windows;
 }
 
-LoaderOptions options(int micro_batch, int rank, int world, bool shuffle, int prefetch, int64_t start = 0) {
+LoaderOptions options(int micro_batch, int rank, int world, bool shuffle, int prefetch,
+                      int64_t start = 0) {
   LoaderOptions o;
   o.micro_batch = micro_batch;
   o.rank = rank;
@@ -51,7 +54,7 @@ LoaderOptions options(int micro_batch, int rank, int world, bool shuffle, int pr
 }
 
 TEST(Loader, UnshuffledRowsFollowDesignOrderAndTargetsAreShifted) {
-  auto ds = counting_dataset(8 * 20 + 1, 8);  // 20 windows
+  auto ds = counting_dataset(8 * 20 + 1, 8);      // 20 windows
   Loader loader(ds, options(3, 1, 2, false, 2));  // rank 1 of 2, B = 3
   const Batch& b0 = loader.next(kWait);
   EXPECT_EQ(b0.first_sample, 3);
@@ -179,7 +182,7 @@ TEST(Loader, ProducerExceptionSurfacesInNext) {
       EXPECT_NE(std::string(e.what()).find("window 9 is unreadable"), std::string::npos);
     }
     EXPECT_THROW(loader.next(kWait), DataError);  // stays failed
-    loader.reset(12);                              // past the bad window: works again
+    loader.reset(12);                             // past the bad window: works again
     EXPECT_EQ(read_windows(loader, 1), (std::vector<int64_t>{12, 13, 14, 15}));
   }
 }

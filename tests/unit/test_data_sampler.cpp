@@ -30,7 +30,8 @@ TEST(Sampler, GlobalSampleMatchesDesignFormula) {
 // Items a rank reads in global micro-batch g, in row order.
 std::vector<int64_t> rank_items(Sampler& s, int64_t g, int rank, int world, int micro_batch) {
   std::vector<int64_t> items;
-  for (int i = 0; i < micro_batch; ++i) items.push_back(s.item(global_sample(0, g, rank, i, world, micro_batch)));
+  for (int i = 0; i < micro_batch; ++i)
+    items.push_back(s.item(global_sample(0, g, rank, i, world, micro_batch)));
   return items;
 }
 

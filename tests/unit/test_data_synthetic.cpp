@@ -106,7 +106,8 @@ TEST(SyntheticClassifier, ClassTokensMakeItLinearlySeparable) {
       ASSERT_LT(b.tokens[t], V);
       per_class[b.tokens[t] % C]++;
     }
-    const int guess = static_cast<int>(std::max_element(per_class.begin(), per_class.end()) - per_class.begin());
+    const int guess =
+        static_cast<int>(std::max_element(per_class.begin(), per_class.end()) - per_class.begin());
     correct += guess == b.targets[0];
     class_token_share += static_cast<double>(per_class[b.targets[0]]) / T;
   }
@@ -116,8 +117,13 @@ TEST(SyntheticClassifier, ClassTokensMakeItLinearlySeparable) {
 }
 
 TEST(SyntheticClassifier, ValidationIsADisjointIndexRange) {
-  DataSpec spec{.kind = "synthetic", .seq_len = 12, .vocab_size = 50, .num_classes = 5,
-                .model_kind = "classifier", .seed = 9, .synthetic_train_size = 300,
+  DataSpec spec{.kind = "synthetic",
+                .seq_len = 12,
+                .vocab_size = 50,
+                .num_classes = 5,
+                .model_kind = "classifier",
+                .seed = 9,
+                .synthetic_train_size = 300,
                 .synthetic_val_size = 40};
   const DatasetPair pair = make_datasets(spec);
   EXPECT_EQ(pair.train->size(), 300);
@@ -168,8 +174,11 @@ TEST(MakeDatasets, ValidationErrorsNameTheConfigField) {
   bad.model_kind = "vision";
   EXPECT_EQ(config_field_of([&] { make_datasets(bad); }), "model.kind");
 
-  DataSpec fashion{.kind = "fashion_mnist", .path = "no-such-dir", .num_classes = 10,
-                   .patch_size = 5, .model_kind = "classifier"};
+  DataSpec fashion{.kind = "fashion_mnist",
+                   .path = "no-such-dir",
+                   .num_classes = 10,
+                   .patch_size = 5,
+                   .model_kind = "classifier"};
   EXPECT_EQ(config_field_of([&] { make_datasets(fashion); }), "model.patch_size");
   fashion.num_classes = 7;
   EXPECT_EQ(config_field_of([&] { make_datasets(fashion); }), "model.num_classes");

@@ -24,7 +24,8 @@ class TempDir {
  public:
   TempDir() {
     std::random_device rd;
-    path_ = fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
+    path_ =
+        fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -38,7 +39,9 @@ class TempDir {
   fs::path path_;
 };
 
-void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 // Input tokens of window `w` of `ds`, plus its last target.
 std::string window_text(const Dataset& ds, int64_t w) {
@@ -74,7 +77,8 @@ TEST(TextBytes, MissingFortunesSaysWhichPackage) {
     FAIL() << "expected IoError";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("apt-get install fortunes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("apt-get install fortunes"), std::string::npos)
+        << e.what();
   }
   TempDir dir;
   EXPECT_THROW(read_text_bytes(dir.file("missing.txt")), IoError);
@@ -83,14 +87,16 @@ TEST(TextBytes, MissingFortunesSaysWhichPackage) {
 
 TEST(TextBytes, RealFortunes) {
   const std::string dir = "/usr/share/games/fortunes";
-  if (!fs::exists(dir + "/fortunes")) GTEST_SKIP() << "fortunes are not installed (apt-get install fortunes)";
+  if (!fs::exists(dir + "/fortunes"))
+    GTEST_SKIP() << "fortunes are not installed (apt-get install fortunes)";
   const std::vector<std::string> files = list_text_files(dir);
   for (const std::string& f : files) {
     EXPECT_NE(fs::path(f).extension(), ".dat") << f;
     EXPECT_NE(fs::path(f).extension(), ".u8") << f;
   }
   EXPECT_TRUE(std::is_sorted(files.begin(), files.end()));
-  const DatasetPair pair = make_datasets({.kind = "text", .path = dir, .seq_len = 256, .vocab_size = 256, .model_kind = "lm"});
+  const DatasetPair pair = make_datasets(
+      {.kind = "text", .path = dir, .seq_len = 256, .vocab_size = 256, .model_kind = "lm"});
   EXPECT_GT(pair.train->size(), 1000);
   EXPECT_GT(pair.val->size(), 100);
 }
@@ -100,8 +106,11 @@ TEST(TextDataset, HoldsOutTheLastTenPercentWithoutValPath) {
   std::string text;
   for (int i = 0; i < 1000; ++i) text.push_back(static_cast<char>('a' + i % 26));
   write_file(dir.file("corpus.txt"), text);
-  const DatasetPair pair = make_datasets(
-      {.kind = "text", .path = dir.file("corpus.txt"), .seq_len = 9, .vocab_size = 256, .model_kind = "lm"});
+  const DatasetPair pair = make_datasets({.kind = "text",
+                                          .path = dir.file("corpus.txt"),
+                                          .seq_len = 9,
+                                          .vocab_size = 256,
+                                          .model_kind = "lm"});
   EXPECT_EQ(pair.train->size(), (900 - 1) / 9);
   EXPECT_EQ(pair.val->size(), (100 - 1) / 9);
   EXPECT_EQ(window_text(*pair.train, 0), text.substr(0, 10));
@@ -113,7 +122,11 @@ TEST(TextDataset, HoldsOutTheLastTenPercentWithoutValPath) {
 TEST(TextDataset, ConfigErrorsNameTheField) {
   TempDir dir;
   write_file(dir.file("small.txt"), std::string(50, 'x'));
-  DataSpec spec{.kind = "text", .path = dir.file("small.txt"), .seq_len = 45, .vocab_size = 256, .model_kind = "lm"};
+  DataSpec spec{.kind = "text",
+                .path = dir.file("small.txt"),
+                .seq_len = 45,
+                .vocab_size = 256,
+                .model_kind = "lm"};
   try {
     make_datasets(spec);  // 45 of 50 bytes for training, 5 for validation
     FAIL() << "expected ConfigError";
@@ -146,8 +159,12 @@ TEST(TokenDataset, ShardsWithValPathAndVocabCheck) {
   write_token_shard(dir.file("train_000.bin"), std::span<const uint16_t>(train).first(101));
   write_token_shard(dir.file("train_001.bin"), std::span<const uint16_t>(train).subspan(101));
   write_token_shard(dir.file("val_000.bin"), val);
-  DataSpec spec{.kind = "tokens", .path = dir.file("train_*.bin"), .val_path = dir.file("val_*.bin"),
-                .seq_len = 10, .vocab_size = 2000, .model_kind = "lm"};
+  DataSpec spec{.kind = "tokens",
+                .path = dir.file("train_*.bin"),
+                .val_path = dir.file("val_*.bin"),
+                .seq_len = 10,
+                .vocab_size = 2000,
+                .model_kind = "lm"};
   const DatasetPair pair = make_datasets(spec);
   EXPECT_EQ(pair.train->size(), 20);
   EXPECT_EQ(pair.val->size(), 4);

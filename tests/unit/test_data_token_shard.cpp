@@ -24,7 +24,8 @@ class TempDir {
  public:
   TempDir() {
     std::random_device rd;
-    path_ = fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
+    path_ =
+        fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -54,7 +55,8 @@ void write_raw_shard(const std::string& path, int32_t magic, int32_t version, in
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(header.data()), kTokenShardHeaderBytes);
   const std::vector<uint16_t> tokens(payload_tokens, 7);
-  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(2 * tokens.size()));
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(2 * tokens.size()));
 }
 
 template <typename E>
@@ -107,7 +109,8 @@ TEST(TokenShard, WrongMagicNamesFoundMagicAndFile) {
   const std::string path = dir.file("bad.bin");
   write_raw_shard(path, 12345, 1, 4, 4);
   const std::string msg = message_of<DataError>([&] { read_token_shard(path); });
-  EXPECT_NE(msg.find("found magic 12345, expected 20240520 (llm.c token shard)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("found magic 12345, expected 20240520 (llm.c token shard)"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
 }
 
@@ -144,7 +147,8 @@ TEST(TokenShard, MissingFileNamesPath) {
   const std::string path = dir.file("nope.bin");
   const std::string msg = message_of<IoError>([&] { read_token_shard(path); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
-  const std::string glob_msg = message_of<IoError>([&] { read_token_shards(dir.file("x_*.bin"), 0); });
+  const std::string glob_msg =
+      message_of<IoError>([&] { read_token_shards(dir.file("x_*.bin"), 0); });
   EXPECT_NE(glob_msg.find(dir.file("x_*.bin")), std::string::npos) << glob_msg;
   EXPECT_THROW(read_token_shards(path, 0), IoError);
 }
@@ -154,7 +158,8 @@ TEST(TokenShard, TokenAtOrAboveVocabNamesFileAndValue) {
   write_token_shard(dir.file("a.bin"), std::vector<uint16_t>{1, 2, 3});
   write_token_shard(dir.file("b.bin"), std::vector<uint16_t>{4, 50257, 5});
   EXPECT_EQ(read_token_shards(dir.file("*.bin"), 50258).size(), 6u);
-  const std::string msg = message_of<DataError>([&] { read_token_shards(dir.file("*.bin"), 50257); });
+  const std::string msg =
+      message_of<DataError>([&] { read_token_shards(dir.file("*.bin"), 50257); });
   EXPECT_NE(msg.find(dir.file("b.bin")), std::string::npos) << msg;
   EXPECT_NE(msg.find("token 50257 at position 1"), std::string::npos) << msg;
 }
