@@ -31,7 +31,7 @@ namespace dtrain::nn::cpu {
 // alpha == 1 when a bias is given (oneDNN 2.6 would scale the bias too).
 // Speed: oneDNN's brgemm kernels need dense operands (ld and batch strides 0 or
 // equal to the dense value); any padding falls to its JIT sgemm ("gemm:jit"),
-// which is 10-60% slower on attention shapes (T = 64) but never a reference loop.
+// up to 2x slower on attention shapes (T = 64), but never a reference loop.
 struct Gemm {
   std::int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
