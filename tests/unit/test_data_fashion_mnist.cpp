@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/temp_dir.h"
 #include "data/datasets.h"
 #include "data/fashion_mnist.h"
 #include "data/idx_file.h"
@@ -19,25 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ =
-        fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 void put_be32(std::vector<uint8_t>& out, uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(v >> shift));

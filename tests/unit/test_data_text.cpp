@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/temp_dir.h"
 #include "data/datasets.h"
 #include "data/text_bytes.h"
 #include "data/token_shard.h"
@@ -19,25 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ =
-        fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/temp_dir.h"
 #include "data/token_shard.h"
 #include "data/token_shard_format.h"
 
@@ -19,25 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ =
-        fs::temp_directory_path() / ("dtrain-test-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 std::vector<uint16_t> iota_tokens(std::size_t n, uint16_t first) {
   std::vector<uint16_t> t(n);
