@@ -3,7 +3,9 @@
 # Warnings as errors and the optional sanitizers, for code of this project only.
 function(dtrain_target_defaults target)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations>)
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations>
+    # errno from math functions is never read; without this GCC cannot vectorise sqrt.
+    $<$<COMPILE_LANGUAGE:CXX>:-fno-math-errno>)
   if(DTRAIN_NATIVE)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   endif()

@@ -7,7 +7,7 @@ namespace dtrain::nn {
 
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                   std::int64_t n, const AdamWHyper& hyper, float weight_decay,
-                  std::int64_t step) {
+                  std::int64_t step, float grad_scale) {
   const double t = static_cast<double>(step);
   const float bias_correction1 = static_cast<float>(1.0 - std::pow(hyper.beta1, t));
   const float bias_correction2 = static_cast<float>(1.0 - std::pow(hyper.beta2, t));
@@ -17,7 +17,7 @@ void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_av
   const float b1 = hyper.beta1, b2 = hyper.beta2, eps = hyper.eps;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * grad_scale;
     const float m = b1 * exp_avg[i] + (1.0f - b1) * g;
     const float v = b2 * exp_avg_sq[i] + (1.0f - b2) * g * g;
     exp_avg[i] = m;
@@ -29,12 +29,13 @@ void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_av
 
 void adamw_step(const ParameterLayout& layout, std::span<float> params,
                 std::span<const float> grads, std::span<float> exp_avg,
-                std::span<float> exp_avg_sq, const AdamWHyper& hyper, std::int64_t step) {
+                std::span<float> exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
+                float grad_scale) {
   for (const ParamSpec& p : layout.params()) {
     const std::int64_t off = layout.block_offset(p.block) + p.offset;
     adamw_update(params.data() + off, grads.data() + off, exp_avg.data() + off,
                  exp_avg_sq.data() + off, p.numel, hyper, p.decay ? hyper.weight_decay : 0.0f,
-                 step);
+                 step, grad_scale);
   }
 }
 

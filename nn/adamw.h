@@ -23,15 +23,17 @@ struct AdamWHyper {
 //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps).
 // weight_decay is the effective value for this range (0 for biases and norms).
+// g is grad * grad_scale: the clipping factor is applied here, in the same pass.
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                   std::int64_t n, const AdamWHyper& hyper, float weight_decay,
-                  std::int64_t step);
+                  std::int64_t step, float grad_scale = 1.0f);
 
 // Applies adamw_update to every parameter of the layout, with weight decay
 // only where ParamSpec::decay is set. Buffers hold all blocks back to back.
 void adamw_step(const ParameterLayout& layout, std::span<float> params,
                 std::span<const float> grads, std::span<float> exp_avg,
-                std::span<float> exp_avg_sq, const AdamWHyper& hyper, std::int64_t step);
+                std::span<float> exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
+                float grad_scale = 1.0f);
 
 // Sum of squares (accumulated in double) of a gradient range.
 double sum_of_squares(const float* x, std::int64_t n);

@@ -1,7 +1,7 @@
 #include "nn/gelu.h"
 
-#include "nn/cpu/vec_math.h"
 #include "nn/cpu/parallel.h"
+#include "nn/cpu/vec_math.h"
 
 namespace dtrain::nn {
 
@@ -11,28 +11,29 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr std::int64_t kChunk = 4096;
 }  // namespace
 
-void gelu_forward(const float* x, float* y, std::int64_t n) {
+void gelu_forward(const float* x, float* y, float* dydx, std::int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (std::int64_t c = 0; c < n; c += kChunk) {
     const std::int64_t end = c + kChunk < n ? c + kChunk : n;
-    for (std::int64_t i = c; i < end; ++i) {
-      const float v = x[i];
-      y[i] = 0.5f * v * (1.0f + cpu::fast_erf(v * kInvSqrt2));
+    if (dydx == nullptr) {
+      for (std::int64_t i = c; i < end; ++i) {
+        const float v = x[i];
+        y[i] = 0.5f * v * (1.0f + cpu::fast_erf(v * kInvSqrt2));
+      }
+      continue;
     }
-  }
-}
-
-void gelu_backward(const float* dy, const float* x, float* dx, std::int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (std::int64_t c = 0; c < n; c += kChunk) {
-    const std::int64_t end = c + kChunk < n ? c + kChunk : n;
     for (std::int64_t i = c; i < end; ++i) {
       const float v = x[i];
       const float cdf = 0.5f * (1.0f + cpu::fast_erf(v * kInvSqrt2));
       const float pdf = kInvSqrt2Pi * cpu::fast_exp(-0.5f * v * v);
-      dx[i] = dy[i] * (cdf + v * pdf);
+      y[i] = v * cdf;
+      dydx[i] = cdf + v * pdf;  // may overwrite x[i], already read
     }
   }
+}
+
+void gelu_backward(const float* dy, const float* dydx, float* dx, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dx[i] = dy[i] * dydx[i];
 }
 
 }  // namespace dtrain::nn

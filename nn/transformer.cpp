@@ -164,7 +164,8 @@ void Transformer::layer_forward(int l, const StepKey& key, bool training) {
   layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(),
                     L.ln2_rstd.data(), n, d);
   linear_forward(L.ln2.data(), w(kFc1W), w(kFc1B), L.h.data(), n, d, ff);
-  gelu_forward(L.h.data(), L.a.data(), n * ff);
+  // h is overwritten by gelu'(h): backward needs only the derivative.
+  gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ff);
   if (drop) {
     float* branch = acts_->d_tmp.data();
     linear_forward(L.a.data(), w(kFc2W), w(kFc2B), branch, n, ff, d);

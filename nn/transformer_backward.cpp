@@ -76,7 +76,7 @@ void Transformer::layer_backward(int l) {
   // MLP branch: x_out = mid + fc2(gelu(fc1(ln2(mid)))).
   linear_backward(branch_grad(2 * l + 1), L.a.data(), w(kFc2W), acts_->d_h.data(), g(kFc2W),
                   g(kFc2B), n, ff, d);
-  gelu_backward(acts_->d_h.data(), L.h.data(), acts_->d_h.data(), n * ff);
+  gelu_backward(acts_->d_h.data(), L.h.data(), acts_->d_h.data(), n * ff);  // L.h holds gelu'
   linear_backward(acts_->d_h.data(), L.ln2.data(), w(kFc1W), d_tmp, g(kFc1W), g(kFc1B), n, d, ff);
   layernorm_backward(d_tmp, L.mid.data(), w(kLn2W), L.ln2_mean.data(), L.ln2_rstd.data(),
                      d_resid, g(kLn2W), g(kLn2B), n, d, true);

@@ -153,13 +153,12 @@ StepResult Trainer::step() {
   }
   std::span<float> grads = store_->grads();
   const double norm = std::sqrt(nn::sum_of_squares(grads.data(), static_cast<std::int64_t>(grads.size())));
-  nn::scale(grads.data(), static_cast<std::int64_t>(grads.size()),
-            nn::clip_factor(norm, config_.optimizer().grad_clip()));
   const config::Optimizer& o = config_.optimizer();
+  const float clip = nn::clip_factor(norm, o.grad_clip());
   const float lr = schedule_.at(step_);
   const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
   nn::adamw_step(layout_, store_->params(), grads, store_->exp_avg(), store_->exp_avg_sq(), hyper,
-                 step_ + 1);
+                 step_ + 1, clip);
   ++step_;
   return StepResult{step_, static_cast<float>(loss_sum / accum), lr, static_cast<float>(norm),
                     seconds_since(t0)};
