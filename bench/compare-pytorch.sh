@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # dtrain against PyTorch on the same models, one CPU thread each:
+# PyTorch's sweep includes OpenBLAS with its own AVX-512 kernels
+# (--allow-coretype, in the child processes only), so the baseline is
+# PyTorch at its best on this machine, not at the environment's AVX2 pin.
 # lm-small and cls-seed (examples/configs). PyTorch runs its fastest fp32
 # variant (bench/pytorch_train.py --variant auto); dtrain runs
 # `dtrain-bench train --config ...` when that binary is built.
@@ -8,7 +11,9 @@
 #   STEPS=20 VARIANT=openblas BUILD_DIR=build bench/compare-pytorch.sh lm-small
 #
 # Prints each run's figures, then one summary line per config:
-#   config  torch_variant  torch_tokens/s  torch_mfu  dtrain_tokens/s  dtrain/torch
+#   config  torch_variant  torch_tokens/s  torch_mfu  dtrain_tokens/s  dtrain_mfu  dtrain/torch
+# (tokens/s from the mean step on both sides; MFU against each side's own
+# measured 2048^3 fp32 GEMM peak.)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,19 +33,20 @@ summary=()
 for config in "${configs[@]}"; do
   echo "=== PyTorch: $config"
   torch_out=$(/usr/bin/python3 "$repo/bench/pytorch_train.py" --config "$config" \
-                --steps "$steps" --variant "$variant")
+                --steps "$steps" --variant "$variant" --allow-coretype)
   echo "$torch_out"
   torch_tps=$(field tokens_per_s "$torch_out")
 
   # ---- dtrain side --------------------------------------------------------
   # Runs when build/bin/dtrain-bench exists and prints `tokens_per_s: X`.
   # (Extend here: more dtrain figures, e.g. mfu, step_ms.)
-  dtrain_tps=""
+  dtrain_tps="" dtrain_mfu=""
   if [[ -x $build/bin/dtrain-bench ]]; then
     echo "=== dtrain: $config"
     dtrain_out=$("$build/bin/dtrain-bench" train --config "$repo/examples/configs/$config.json")
     echo "$dtrain_out"
     dtrain_tps=$(field tokens_per_s "$dtrain_out")
+    dtrain_mfu=$(field mfu "$dtrain_out")
   else
     echo "=== dtrain: $build/bin/dtrain-bench not built; PyTorch figures only"
   fi
@@ -50,13 +56,13 @@ for config in "${configs[@]}"; do
   if [[ -n $dtrain_tps && -n $torch_tps ]]; then
     ratio=$(awk -v a="$dtrain_tps" -v b="$torch_tps" 'BEGIN { printf "%.2f", a / b }')
   fi
-  summary+=("$(printf '%-10s %-22s %14s %9s %16s %12s' "$config" \
+  summary+=("$(printf '%-10s %-22s %14s %9s %16s %10s %12s' "$config" \
     "$(field variant "$torch_out")" "$torch_tps" "$(field mfu "$torch_out")" \
-    "${dtrain_tps:-n/a}" "$ratio")")
+    "${dtrain_tps:-n/a}" "${dtrain_mfu:-n/a}" "$ratio")")
 done
 
 echo
-printf '%-10s %-22s %14s %9s %16s %12s\n' config torch_variant torch_tokens/s torch_mfu \
-  dtrain_tokens/s dtrain/torch
+printf '%-10s %-22s %14s %9s %16s %10s %12s\n' config torch_variant torch_tokens/s torch_mfu \
+  dtrain_tokens/s dtrain_mfu dtrain/torch
 printf '%s\n' "${summary[@]}"
 echo "# command: STEPS=$steps VARIANT=$variant bench/compare-pytorch.sh ${configs[*]}"

@@ -15,8 +15,8 @@ FLOPs per token = 6 * N_matmul + 12 * L * d * T, N_matmul = weights of the
 matmuls (QKV, out proj, fc1, fc2 per layer, plus LM or classifier head);
 MFU = tokens/s * FLOPs per token / gemm_peak, gemm_peak = the variant's own
 best fp32 2048^3 matmul on the same thread count. tokens/s and step_ms use the
-median step; *_best / step_ms_min the fastest one (less disturbed by other
-processes on a shared machine).
+mean step (as dtrain-bench does); *_best / step_ms_min the fastest one (least
+disturbed by other processes on a shared machine).
 """
 import argparse
 import json
@@ -258,7 +258,7 @@ def run_variant(args, c):
         opt.zero_grad(set_to_none=False)  # keeps the gradient buffers: no fresh pages
         if step >= warmup:
             times.append(time.perf_counter() - t0)
-    step_s = statistics.median(times)
+    step_s = statistics.mean(times)  # as dtrain-bench: tokens/s from the mean step
     tokens_per_s = c["batch"] * c["seq"] / step_s
     peak = gemm_peak_gflops(var["linear"])
     mfu = tokens_per_s * flops_per_token(c) / (peak * 1e9)
@@ -269,6 +269,7 @@ def run_variant(args, c):
     print(f"steps: {args.steps}")
     print(f"final_loss: {loss.item():.4f}")
     print(f"step_ms: {step_s * 1e3:.1f}")
+    print(f"step_ms_median: {statistics.median(times) * 1e3:.1f}")
     print(f"step_ms_min: {min(times) * 1e3:.1f}")
     print(f"tokens_per_s: {tokens_per_s:.1f}")
     print(f"tokens_per_s_best: {c['batch'] * c['seq'] / min(times):.1f}")
