@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # dtrain against PyTorch on the same models, one CPU thread each:
-# PyTorch's sweep includes OpenBLAS with its own AVX-512 kernels
-# (--allow-coretype, in the child processes only), so the baseline is
-# PyTorch at its best on this machine, not at the environment's AVX2 pin.
 # lm-small and cls-seed (examples/configs). PyTorch runs its fastest fp32
 # variant (bench/pytorch_train.py --variant auto); dtrain runs
 # `dtrain-bench train --config ...` when that binary is built.
+# PyTorch's sweep includes OpenBLAS with its own AVX-512 kernels
+# (--allow-coretype, in its child processes only), so the baseline is
+# PyTorch at its best on this machine, not at the environment's AVX2 pin.
 #
 #   bench/compare-pytorch.sh                 # both configs, 10 timed steps
 #   STEPS=20 VARIANT=openblas BUILD_DIR=build bench/compare-pytorch.sh lm-small
