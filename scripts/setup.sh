@@ -17,18 +17,19 @@ if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch libopenblas0-pthread)
 fi
 
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+# Package lists first, so a fresh machine installs current versions.
+$SUDO apt-get update -qq
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all ${#packages[@]} packages present"
   exit 0
 fi
-
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
