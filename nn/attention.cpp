@@ -13,38 +13,40 @@ using cpu::Gemm;
 
 namespace {
 
-// [B, T, parts, H, hd] part p <-> [B, H, T, hd]. to_heads copies out of the
-// interleaved layout; from_heads copies back into it.
-void to_heads(const AttentionShape& s, const float* src, std::int64_t parts, std::int64_t part,
-              float* dst) {
+// Copies part `part` of an interleaved [B, T, parts, H, hd] buffer to or from
+// a head-major [B, H, T, hd] one (dense operands keep oneDNN on brgemm).
+enum class Direction : bool { to_heads, from_heads };
+
+void copy_heads(const AttentionShape& s, Direction dir, float* interleaved, std::int64_t parts,
+                std::int64_t part, float* heads) {
   const std::int64_t hd = s.head_dim;
   const std::int64_t row = parts * s.d_model();
+  const auto bytes = static_cast<std::size_t>(hd) * sizeof(float);
 #pragma omp parallel for collapse(2) schedule(static) if (s.head_elems() >= kParallelMin)
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
       for (std::int64_t t = 0; t < s.seq; ++t) {
-        const float* in = src + (b * s.seq + t) * row + part * s.d_model() + h * hd;
-        float* out = dst + ((b * s.heads + h) * s.seq + t) * hd;
-        std::memcpy(out, in, static_cast<std::size_t>(hd) * sizeof(float));
+        float* inter = interleaved + (b * s.seq + t) * row + part * s.d_model() + h * hd;
+        float* head = heads + ((b * s.heads + h) * s.seq + t) * hd;
+        if (dir == Direction::to_heads) {
+          std::memcpy(head, inter, bytes);
+        } else {
+          std::memcpy(inter, head, bytes);
+        }
       }
     }
   }
 }
 
+void to_heads(const AttentionShape& s, const float* src, std::int64_t parts, std::int64_t part,
+              float* dst) {
+  // Only read in this direction.
+  copy_heads(s, Direction::to_heads, const_cast<float*>(src), parts, part, dst);
+}
+
 void from_heads(const AttentionShape& s, const float* src, std::int64_t parts, std::int64_t part,
                 float* dst) {
-  const std::int64_t hd = s.head_dim;
-  const std::int64_t row = parts * s.d_model();
-#pragma omp parallel for collapse(2) schedule(static) if (s.head_elems() >= kParallelMin)
-  for (std::int64_t b = 0; b < s.batch; ++b) {
-    for (std::int64_t h = 0; h < s.heads; ++h) {
-      for (std::int64_t t = 0; t < s.seq; ++t) {
-        const float* in = src + ((b * s.heads + h) * s.seq + t) * hd;
-        float* out = dst + (b * s.seq + t) * row + part * s.d_model() + h * hd;
-        std::memcpy(out, in, static_cast<std::size_t>(hd) * sizeof(float));
-      }
-    }
-  }
+  copy_heads(s, Direction::from_heads, dst, parts, part, const_cast<float*>(src));
 }
 
 Gemm batched(const AttentionShape& s, std::int64_t m, std::int64_t n, std::int64_t k) {
