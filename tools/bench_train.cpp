@@ -20,7 +20,7 @@ int run_train_bench(const TrainBenchOptions& options) {
   config.mutable_train()->set_steps(options.warmup + options.steps + 1);
   worker::Trainer trainer(config, {.write_outputs = false, .console = nullptr});
   const nn::ModelConfig& model = trainer.model();
-  const std::int64_t seq = config.data().seq_len();
+  const std::int64_t seq = trainer.seq_len();  // the dataset's, e.g. patches per image
   const double flops_per_token = model.flops_per_token(seq);
   const double peak = nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds);
 

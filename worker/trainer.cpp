@@ -47,9 +47,6 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-// No-op hooks: a single process owns all of its parameters.
-class LocalHooks final : public nn::BlockHooks {};
-
 }  // namespace
 
 nn::ModelConfig model_config(const config::Config& c) {
@@ -139,7 +136,7 @@ StepResult Trainer::step() {
   const config::Train& t = config_.train();
   const int accum = t.grad_accum_steps();
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
-  LocalHooks hooks;
+  nn::BlockHooks hooks;  // no-ops: a single process owns all of its parameters
   store_->zero_grads();
   double loss_sum = 0.0;
   for (int micro = 0; micro < accum; ++micro) {
@@ -166,7 +163,7 @@ StepResult Trainer::step() {
 
 EvalResult Trainer::evaluate() {
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
-  LocalHooks hooks;
+  nn::BlockHooks hooks;
   val_loader_->reset(0);
   double loss_sum = 0.0;
   std::int64_t correct = 0, count = 0;

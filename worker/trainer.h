@@ -67,6 +67,7 @@ class Trainer {
   const nn::ParameterLayout& layout() const { return layout_; }
   nn::ParameterStore& parameters() { return *store_; }
   std::int64_t tokens_per_step() const;
+  std::int64_t seq_len() const { return model_->seq_len(); }
   std::int64_t steps_done() const { return step_; }
 
  private:
