@@ -10,15 +10,15 @@
 #include <initializer_list>
 #include <string>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace dtrain::nn {
 
-enum class DType : std::uint8_t { f32, bf16, f16, i32, u16 };
+using dtrain::DType;
+using dtrain::dtype_name;
+using dtrain::dtype_size;
 enum class Device : std::uint8_t { cpu, cuda };
-
-std::size_t dtype_size(DType dtype);
-const char* dtype_name(DType dtype);
 
 class Tensor {
  public:

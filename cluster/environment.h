@@ -1,0 +1,51 @@
+// cluster::Environment: who this process is in the job, read from whichever
+// starter set its environment (DESIGN.md, "Process contract"):
+//   dtrain-launch  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK, ... (wins over the rest)
+//   mpirun         OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE/_NODE_RANK
+//   srun           SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, ...
+//                  (PMIX_RANK too with --mpi=pmix; OMPI_COMM_WORLD_* are unset there)
+//   nothing        a single process: rank 0 of 1
+// Partial or conflicting variables are an error that names them.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+namespace dtrain::cluster {
+
+enum class Starter { single, launcher, mpirun, slurm };
+const char* starter_name(Starter starter);  // "single", "dtrain-launch", "mpirun", "srun"
+
+struct Environment {
+  Starter starter = Starter::single;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  bool pmix = false;                  // PMIx is present (mpirun, srun --mpi=pmix): MPI can start
+  std::optional<std::string> store;   // "host:port" of the run's store, when known (DTRAIN_STORE)
+  std::string token;                  // DTRAIN_TOKEN ("" when unset)
+  std::string run_id;                 // DTRAIN_RUN_ID, else SLURM_JOB_ID, else ""
+  int restart = 0;                    // DTRAIN_RESTART
+  // Slurm facts, when under srun (empty otherwise).
+  std::string slurm_job_id;
+  std::string slurm_step_id;
+  std::string slurm_step_nodelist;    // e.g. "n[01-04]"
+
+  // "rank 3 of 8 (local 1 of 2, node 1), started by mpirun"
+  std::string describe() const;
+};
+
+using EnvMap = std::map<std::string, std::string>;
+
+// Reads an Environment from `vars` (pure; tests pass their own map).
+// Throws dtrain::Error naming the variables that are missing, malformed or
+// in conflict, and what to do.
+Environment detect_environment(const EnvMap& vars);
+
+// The process's own environment (environ) as an EnvMap.
+EnvMap process_environment();
+
+}  // namespace dtrain::cluster

@@ -1,0 +1,40 @@
+// Builds a Communicator for this process from where it was started
+// (cluster::Environment) and the configured backend.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cluster/environment.h"
+#include "comm/communicator.h"
+#include "comm/store.h"
+
+namespace dtrain::comm {
+
+// parallel.backend=auto: nccl for device cuda, mpi when started by mpirun or
+// by srun with PMIx, gloo otherwise.
+std::string resolve_backend(const std::string& backend, const std::string& device,
+                            const cluster::Environment& env);
+
+struct ConnectOptions {
+  std::string backend = "auto";     // auto | gloo | mpi | nccl
+  std::string device = "cpu";       // cpu | cuda
+  Duration timeout = std::chrono::seconds(300);
+  std::string name = "world";
+  // The run's store (needed by gloo and nccl for rendezvous; used by all for
+  // failure diagnosis). May be null for mpi.
+  std::shared_ptr<Store> store;
+};
+
+// Creates and connects the backend (rendezvous happens here, bounded by
+// options.timeout) and returns its communicator.
+std::unique_ptr<Communicator> connect(const cluster::Environment& env, const ConnectOptions& options);
+
+// The backends, for callers that want one explicitly (tests, benchmarks).
+std::unique_ptr<Backend> make_gloo_backend(int rank, int world_size, std::shared_ptr<Store> store,
+                                           Duration timeout, const std::string& hostname);
+std::unique_ptr<Backend> make_mpi_backend(Duration timeout);  // MPI_COMM_WORLD; initialises MPI
+std::unique_ptr<Backend> make_nccl_backend(int rank, int world_size, std::shared_ptr<Store> store,
+                                           int device, Duration timeout);  // throws without CUDA
+
+}  // namespace dtrain::comm
