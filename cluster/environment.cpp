@@ -1,1 +1,347 @@
-// placeholder
+#include "cluster/environment.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cluster/hostlist.h"
+#include "core/error.h"
+
+extern char** environ;
+
+namespace dtrain::cluster {
+namespace {
+
+// What dtrain-launch sets besides DTRAIN_RANK to place a worker. Any of them
+// without DTRAIN_RANK is half a launch, most likely a stale export. The run
+// variables (DTRAIN_STORE, DTRAIN_TOKEN, DTRAIN_RUN_ID) are not here: users
+// export those under mpirun and srun on purpose.
+constexpr std::array<const char*, 5> kLauncherLayoutVars = {
+    "DTRAIN_WORLD_SIZE", "DTRAIN_LOCAL_RANK", "DTRAIN_LOCAL_WORLD_SIZE", "DTRAIN_NODE_RANK",
+    "DTRAIN_RESTART"};
+
+constexpr int kMaxPort = 65535;
+
+// The variables each field was read from, so that a range error names them.
+struct Sources {
+  std::string rank;
+  std::string world_size;
+  std::string local_rank;
+  std::string local_world_size;
+  std::string node_rank;
+};
+
+// The value of `name`, or nullptr when it is unset or empty.
+const std::string* find(const EnvMap& vars, const std::string& name) {
+  const auto it = vars.find(name);
+  return it == vars.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+bool has(const EnvMap& vars, const std::string& name) { return find(vars, name) != nullptr; }
+
+std::string value_or(const EnvMap& vars, const std::string& name, const std::string& fallback) {
+  const std::string* value = find(vars, name);
+  return value != nullptr ? *value : fallback;
+}
+
+int parse_int(const std::string& name, const std::string& value) {
+  int result = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, result);
+  if (ec == std::errc::result_out_of_range) {
+    throw Error(
+        fmt::format("{}='{}' is out of range for an integer; fix or unset {}", name, value, name));
+  }
+  if (ec != std::errc() || ptr != end) {
+    throw Error(fmt::format("{}='{}' is not an integer; fix or unset {}", name, value, name));
+  }
+  return result;
+}
+
+std::optional<int> optional_int(const EnvMap& vars, const std::string& name) {
+  const std::string* value = find(vars, name);
+  if (value == nullptr) return std::nullopt;
+  return parse_int(name, *value);
+}
+
+// `present` is set and `absent` is not; `starter` sets them together.
+[[noreturn]] void throw_missing(const std::string& present, const std::string& absent,
+                                const std::string& starter) {
+  throw Error(fmt::format(
+      "{} is set but {} is not: {} sets them together; start the worker through {}, or set {} "
+      "too, or unset {}",
+      present, absent, starter, starter, absent, present));
+}
+
+int required_int(const EnvMap& vars, const std::string& name, const std::string& set_with,
+                 const std::string& starter) {
+  const std::optional<int> value = optional_int(vars, name);
+  if (!value) throw_missing(set_with, name, starter);
+  return *value;
+}
+
+// Local rank and local world size come as a pair; with neither, this process
+// is taken to share one node with the whole world.
+void read_local_pair(const EnvMap& vars, const Sources& sources, const std::string& starter,
+                     Environment& env) {
+  const std::optional<int> local_rank = optional_int(vars, sources.local_rank);
+  const std::optional<int> local_world = optional_int(vars, sources.local_world_size);
+  if (local_rank && !local_world) {
+    throw_missing(sources.local_rank, sources.local_world_size, starter);
+  }
+  if (!local_rank && local_world) {
+    throw_missing(sources.local_world_size, sources.local_rank, starter);
+  }
+  env.local_rank = local_rank.value_or(env.rank);
+  env.local_world_size = local_world.value_or(env.world_size);
+}
+
+[[noreturn]] void throw_range(const Environment& env, const std::string& problem) {
+  throw Error(fmt::format("{}, started by {}: the starter's variables disagree; check how the "
+                          "job was launched and unset stale exports",
+                          problem, starter_name(env.starter)));
+}
+
+void validate(const Environment& env, const Sources& src) {
+  if (env.world_size < 1) {
+    throw_range(env, fmt::format("{}={} must be at least 1", src.world_size, env.world_size));
+  }
+  if (env.rank < 0 || env.rank >= env.world_size) {
+    throw_range(env, fmt::format("{}={} is outside 0..{} ({}={})", src.rank, env.rank,
+                                 env.world_size - 1, src.world_size, env.world_size));
+  }
+  if (env.local_world_size < 1 || env.local_world_size > env.world_size) {
+    throw_range(env, fmt::format("{}={} must be between 1 and {}={}", src.local_world_size,
+                                 env.local_world_size, src.world_size, env.world_size));
+  }
+  if (env.local_rank < 0 || env.local_rank >= env.local_world_size) {
+    throw_range(env,
+                fmt::format("{}={} is outside 0..{} ({}={})", src.local_rank, env.local_rank,
+                            env.local_world_size - 1, src.local_world_size, env.local_world_size));
+  }
+  if (env.node_rank < 0) {
+    throw_range(env, fmt::format("{}={} must not be negative", src.node_rank, env.node_rank));
+  }
+}
+
+// DTRAIN_STORE, DTRAIN_TOKEN and DTRAIN_RUN_ID, which dtrain-launch sets and
+// users may export under any other starter.
+void read_run_vars(const EnvMap& vars, Environment& env) {
+  if (const std::string* store = find(vars, "DTRAIN_STORE")) {
+    parse_host_port(*store, "DTRAIN_STORE");
+    env.store = *store;
+  }
+  env.token = value_or(vars, "DTRAIN_TOKEN", "");
+  env.run_id = value_or(vars, "DTRAIN_RUN_ID", "");
+}
+
+// PMIx sets PMIX_RANK for the same process the starter names; a different
+// value means the environment mixes two launches.
+void read_pmix(const EnvMap& vars, const std::string& rank_var, Environment& env) {
+  const std::optional<int> pmix_rank = optional_int(vars, "PMIX_RANK");
+  if (!pmix_rank) return;
+  if (*pmix_rank != env.rank) {
+    throw Error(
+        fmt::format("PMIX_RANK={} and {}={} disagree: the environment mixes two launches; "
+                    "unset the stale one",
+                    *pmix_rank, rank_var, env.rank));
+  }
+  env.pmix = true;
+}
+
+Environment from_launcher(const EnvMap& vars) {
+  const std::string starter = starter_name(Starter::launcher);
+  const Sources src{"DTRAIN_RANK", "DTRAIN_WORLD_SIZE", "DTRAIN_LOCAL_RANK",
+                    "DTRAIN_LOCAL_WORLD_SIZE", "DTRAIN_NODE_RANK"};
+  Environment env;
+  env.starter = Starter::launcher;
+  env.rank = parse_int(src.rank, *find(vars, src.rank));
+  env.world_size = required_int(vars, src.world_size, src.rank, starter);
+  read_local_pair(vars, src, starter, env);
+  env.node_rank = optional_int(vars, src.node_rank).value_or(0);
+  env.restart = optional_int(vars, "DTRAIN_RESTART").value_or(0);
+  if (env.restart < 0) {
+    throw Error(
+        fmt::format("DTRAIN_RESTART={} must not be negative; fix or unset it", env.restart));
+  }
+  read_run_vars(vars, env);
+  validate(env, src);
+  return env;
+}
+
+Environment from_mpirun(const EnvMap& vars) {
+  const std::string starter = starter_name(Starter::mpirun);
+  const Sources src{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK"};
+  Environment env;
+  env.starter = Starter::mpirun;
+  env.rank = parse_int(src.rank, *find(vars, src.rank));
+  env.world_size = required_int(vars, src.world_size, src.rank, starter);
+  read_local_pair(vars, src, starter, env);
+  env.node_rank = optional_int(vars, src.node_rank).value_or(0);
+  read_pmix(vars, src.rank, env);
+  read_run_vars(vars, env);
+  if (env.run_id.empty()) env.run_id = value_or(vars, "SLURM_JOB_ID", "");
+  validate(env, src);
+  return env;
+}
+
+// Tasks on this node, from Slurm's "2(x3),1" form (one count per node id).
+// Without it, this node is taken to run one task.
+int slurm_local_world(const EnvMap& vars, const std::string& var, int node_id, int local_id) {
+  const std::string* spec = find(vars, var);
+  if (spec == nullptr) {
+    if (local_id > 0) {
+      throw Error(fmt::format(
+          "SLURM_LOCALID={} but neither SLURM_STEP_TASKS_PER_NODE nor SLURM_TASKS_PER_NODE says "
+          "how many tasks run on this node: srun sets them; start the worker with srun, or set "
+          "SLURM_STEP_TASKS_PER_NODE",
+          local_id));
+    }
+    return 1;
+  }
+  std::vector<int> counts;
+  try {
+    counts = expand_tasks_per_node(*spec);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", var, e.what()));
+  }
+  if (node_id < 0 || static_cast<size_t>(node_id) >= counts.size() ||
+      counts[static_cast<size_t>(node_id)] < 1) {
+    throw Error(fmt::format(
+        "SLURM_NODEID={} but {}='{}' lists no task on that node; the Slurm variables disagree: "
+        "check how the job was launched and unset stale exports",
+        node_id, var, *spec));
+  }
+  return counts[static_cast<size_t>(node_id)];
+}
+
+Environment from_srun(const EnvMap& vars) {
+  const std::string starter = starter_name(Starter::slurm);
+  const std::string world_var =
+      has(vars, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+  const std::string tasks_var =
+      has(vars, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  Sources src{"SLURM_PROCID", world_var, "SLURM_LOCALID", tasks_var, "SLURM_NODEID"};
+  Environment env;
+  env.starter = Starter::slurm;
+  env.rank = parse_int(src.rank, *find(vars, src.rank));
+  if (!has(vars, world_var)) {
+    throw Error(
+        "SLURM_PROCID is set inside an srun step but neither SLURM_STEP_NUM_TASKS nor "
+        "SLURM_NTASKS is: srun sets them; start the worker with srun, or set "
+        "SLURM_NTASKS");
+  }
+  env.world_size = parse_int(world_var, *find(vars, world_var));
+  env.local_rank = required_int(vars, src.local_rank, src.rank, starter);
+  env.node_rank = required_int(vars, src.node_rank, src.rank, starter);
+  env.local_world_size = slurm_local_world(vars, tasks_var, env.node_rank, env.local_rank);
+  src.local_world_size = fmt::format("{}[node {}]", tasks_var, env.node_rank);
+  read_pmix(vars, src.rank, env);
+  read_run_vars(vars, env);
+  env.slurm_job_id = value_or(vars, "SLURM_JOB_ID", value_or(vars, "SLURM_JOBID", ""));
+  env.slurm_step_id = value_or(vars, "SLURM_STEP_ID", value_or(vars, "SLURM_STEPID", ""));
+  env.slurm_step_nodelist =
+      value_or(vars, "SLURM_STEP_NODELIST", value_or(vars, "SLURM_JOB_NODELIST", ""));
+  if (env.run_id.empty()) env.run_id = env.slurm_job_id;
+  validate(env, src);
+  return env;
+}
+
+// No starter: rank 0 of 1. This includes a batch script running the worker
+// itself (SLURM_PROCID without a step id), where no other task exists.
+Environment single_process(const EnvMap& vars) {
+  Environment env;
+  read_run_vars(vars, env);
+  if (env.run_id.empty()) env.run_id = value_or(vars, "SLURM_JOB_ID", "");
+  return env;
+}
+
+}  // namespace
+
+const char* starter_name(Starter starter) {
+  switch (starter) {
+    case Starter::single:
+      return "single";
+    case Starter::launcher:
+      return "dtrain-launch";
+    case Starter::mpirun:
+      return "mpirun";
+    case Starter::slurm:
+      return "srun";
+  }
+  return "unknown";
+}
+
+std::string Environment::describe() const {
+  return fmt::format("rank {} of {} (local {} of {}, node {}), started by {}", rank, world_size,
+                     local_rank, local_world_size, node_rank, starter_name(starter));
+}
+
+Environment detect_environment(const EnvMap& vars) {
+  if (has(vars, "DTRAIN_RANK")) return from_launcher(vars);
+  for (const char* name : kLauncherLayoutVars) {
+    if (has(vars, name)) throw_missing(name, "DTRAIN_RANK", starter_name(Starter::launcher));
+  }
+  if (has(vars, "OMPI_COMM_WORLD_RANK")) return from_mpirun(vars);
+  if (has(vars, "SLURM_PROCID") && (has(vars, "SLURM_STEP_ID") || has(vars, "SLURM_STEPID"))) {
+    return from_srun(vars);
+  }
+  return single_process(vars);
+}
+
+EnvMap process_environment() {
+  EnvMap vars;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    const size_t eq = text.find('=');
+    if (eq == std::string_view::npos) continue;
+    vars.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
+  }
+  return vars;
+}
+
+HostPort parse_host_port(const std::string& address, const std::string& variable) {
+  const auto fail = [&](std::string_view problem) {
+    throw Error(
+        fmt::format("{}='{}' is not host:port ({}); write it like 'node1:29500' or "
+                    "'[::1]:29500'",
+                    variable, address, problem));
+  };
+  for (const char c : address) {
+    if (!std::isgraph(static_cast<unsigned char>(c))) fail("it contains whitespace");
+  }
+  HostPort result;
+  size_t port_at = 0;
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string::npos) fail("'[' is never closed");
+    result.host = address.substr(1, close - 1);
+    if (close + 1 >= address.size() || address[close + 1] != ':') fail("no ':port' after ']'");
+    port_at = close + 2;
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos) fail("no ':port'");
+    result.host = address.substr(0, colon);
+    if (result.host.find(':') != std::string::npos) fail("an IPv6 host needs brackets");
+    if (result.host.find_first_of("[]") != std::string::npos) fail("stray bracket");
+    port_at = colon + 1;
+  }
+  if (result.host.empty()) fail("the host is empty");
+  const std::string port = address.substr(port_at);
+  const char* end = port.data() + port.size();
+  const auto [ptr, ec] = std::from_chars(port.data(), end, result.port);
+  if (port.empty() || ec != std::errc() || ptr != end || result.port < 1 ||
+      result.port > kMaxPort) {
+    fail(fmt::format("the port must be a number from 1 to {}", kMaxPort));
+  }
+  return result;
+}
+
+}  // namespace dtrain::cluster

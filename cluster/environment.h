@@ -5,7 +5,8 @@
 //   srun           SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, ...
 //                  (PMIX_RANK too with --mpi=pmix; OMPI_COMM_WORLD_* are unset there)
 //   nothing        a single process: rank 0 of 1
-// Partial or conflicting variables are an error that names them.
+// Partial or conflicting variables are an error that names them. A variable
+// set to the empty string counts as unset.
 #pragma once
 
 #include <map>
@@ -47,5 +48,16 @@ Environment detect_environment(const EnvMap& vars);
 
 // The process's own environment (environ) as an EnvMap.
 EnvMap process_environment();
+
+// A store address split into its parts: "node1:29500" -> {"node1", 29500},
+// "[::1]:29500" -> {"::1", 29500} (an IPv6 host must be in brackets).
+struct HostPort {
+  std::string host;  // without the brackets of an IPv6 literal
+  int port = 0;      // 1..65535
+};
+
+// Throws dtrain::Error naming `variable` (e.g. "DTRAIN_STORE") and the value
+// when `address` is not host:port.
+HostPort parse_host_port(const std::string& address, const std::string& variable);
 
 }  // namespace dtrain::cluster

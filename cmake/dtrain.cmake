@@ -42,7 +42,8 @@ function(dtrain_add_test file)
   dtrain_target_defaults(${target})
   set_target_properties(${target} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   target_compile_definitions(${target} PRIVATE
-    DTRAIN_TEST_BIN_DIR="${CMAKE_BINARY_DIR}/bin" DTRAIN_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+    DTRAIN_TEST_BIN_DIR="${CMAKE_BINARY_DIR}/bin" DTRAIN_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    DTRAIN_TEST_PROGRAM_DIR="${CMAKE_BINARY_DIR}/tests")
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()

@@ -52,6 +52,9 @@ class Backend {
   virtual int world_size() const = 0;
   // Runs op to completion, or throws. Called only from the comm thread.
   virtual void run(const Op& op) = 0;
+  // Whether run() itself honours op.deadline. When false (MPI), the
+  // communicator's watchdog fails the operation at its deadline instead.
+  virtual bool enforces_deadline() const { return true; }
 };
 
 }  // namespace dtrain::comm

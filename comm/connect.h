@@ -8,6 +8,7 @@
 #include "cluster/environment.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
+#include "comm/tcp_store_server.h"
 
 namespace dtrain::comm {
 
@@ -25,6 +26,18 @@ struct ConnectOptions {
   // failure diagnosis). May be null for mpi.
   std::shared_ptr<Store> store;
 };
+
+// The run's store as this process sees it: a TcpStore client on the
+// environment's DTRAIN_STORE (scoped to the run id and restart round), plus
+// the server itself on rank 0 when nothing listens on that port yet (a
+// launcher binds it before starting workers; a job started by hand with
+// DTRAIN_* or under mpirun/srun has rank 0 host it); a MemoryStore for a
+// single process; none for a multi-rank job without DTRAIN_STORE (mpi needs none).
+struct OpenedStore {
+  std::unique_ptr<TcpStoreServer> server;  // declared first: destroyed after the client
+  std::shared_ptr<Store> store;
+};
+OpenedStore open_store(const cluster::Environment& env, Duration timeout);
 
 // Creates and connects the backend (rendezvous happens here, bounded by
 // options.timeout) and returns its communicator.

@@ -10,6 +10,7 @@ packages=(
   # libraries (README.md says why each is here)
   protobuf-compiler libprotobuf-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libdnnl-dev zlib1g-dev
+  libboost-dev libgloo-dev openmpi-bin libopenmpi-dev
   # data the examples train on
   dataset-fashion-mnist fortunes
 )

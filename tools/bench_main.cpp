@@ -1,27 +1,81 @@
 // dtrain-bench: benchmarks whose figures can be compared (DESIGN.md, "Command lines").
 //   dtrain-bench train --config FILE [--steps N] [--warmup W] [--set a.b=v ...]
+//   dtrain-bench allreduce|reduce_scatter|allgather|broadcast --backend auto|gloo|mpi|nccl
+//       [--min-bytes 8] [--max-bytes 64M] [--step-factor 2] [--iters 20] [--warmup 5]
+//       [--dtype f32|bf16|f16] [--op sum|avg|max] [--root R] [--timeout-s S]
 #include <exception>
 #include <iostream>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "core/error.h"
 #include "core/process.h"
+#include "tools/bench_collectives.h"
 #include "tools/bench_train.h"
+
+namespace {
+
+using dtrain::tools::CollectiveBenchOptions;
+
+CLI::App* add_train_command(CLI::App& app, dtrain::tools::TrainBenchOptions& train) {
+  CLI::App* cmd = app.add_subcommand("train", "steady-state training throughput and MFU");
+  cmd->add_option("--config", train.config_path, "training config (JSON)")->required();
+  cmd->add_option("--steps", train.steps, "timed steps")->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", train.warmup, "untimed steps first");
+  cmd->add_option("--set", train.overrides, "override a config field")->take_all();
+  return cmd;
+}
+
+// One subcommand per collective; they share the options (only one parses).
+CLI::App* add_collective_command(CLI::App& app, const char* name, const char* description,
+                                 CollectiveBenchOptions& o) {
+  CLI::App* cmd = app.add_subcommand(name, description);
+  cmd->add_option("--backend", o.backend, "auto | gloo | mpi | nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "mpi", "nccl"}))->capture_default_str();
+  cmd->add_option("--min-bytes", o.min_bytes, "smallest size (K/M/G suffixes: powers of 1024)")
+      ->transform(CLI::AsSizeValue(false))->capture_default_str();
+  cmd->add_option("--max-bytes", o.max_bytes, "largest size")
+      ->transform(CLI::AsSizeValue(false))->capture_default_str();
+  cmd->add_option("--step-factor", o.step_factor, "size multiplier between rows")
+      ->capture_default_str();
+  cmd->add_option("--iters", o.iters, "timed operations per size")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "untimed operations per size first")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--dtype", o.dtype, "f32 | bf16 | f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+  cmd->add_option("--op", o.op, "sum | avg | max (reductions only)")
+      ->check(CLI::IsMember({"sum", "avg", "max"}))->capture_default_str();
+  cmd->add_option("--root", o.root, "broadcast root rank")->capture_default_str();
+  cmd->add_option("--timeout-s", o.timeout_s, "per operation and for rendezvous")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  return cmd;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   dtrain::configure_malloc_for_training();
   CLI::App app{"dtrain-bench: training and communication benchmarks"};
   app.require_subcommand(1);
   dtrain::tools::TrainBenchOptions train;
-  CLI::App* train_cmd = app.add_subcommand("train", "steady-state training throughput and MFU");
-  train_cmd->add_option("--config", train.config_path, "training config (JSON)")->required();
-  train_cmd->add_option("--steps", train.steps, "timed steps")->check(CLI::PositiveNumber);
-  train_cmd->add_option("--warmup", train.warmup, "untimed steps first");
-  train_cmd->add_option("--set", train.overrides, "override a config field")->take_all();
+  CLI::App* train_cmd = add_train_command(app, train);
+  CollectiveBenchOptions collective;
+  std::vector<CLI::App*> collective_cmds = {
+      add_collective_command(app, "allreduce", "allreduce bandwidth and correctness", collective),
+      add_collective_command(app, "reduce_scatter", "reduce_scatter bandwidth and correctness",
+                             collective),
+      add_collective_command(app, "allgather", "allgather bandwidth and correctness", collective),
+      add_collective_command(app, "broadcast", "broadcast bandwidth and correctness", collective)};
   CLI11_PARSE(app, argc, argv);
   try {
     if (train_cmd->parsed()) return dtrain::tools::run_train_bench(train);
+    for (CLI::App* cmd : collective_cmds) {
+      if (!cmd->parsed()) continue;
+      collective.collective = cmd->get_name();
+      return dtrain::tools::run_collective_bench(collective);
+    }
   } catch (const dtrain::Error& e) {
     std::cerr << "dtrain-bench: error: " << e.what() << "\n";
     return 2;

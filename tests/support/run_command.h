@@ -21,6 +21,8 @@ struct CommandResult {
 // (cmake/dtrain.cmake defines them for every test).
 inline std::string bin_dir() { return DTRAIN_TEST_BIN_DIR; }
 inline std::string source_dir() { return DTRAIN_TEST_SOURCE_DIR; }
+// Helper programs of multi-process tests (tests/programs/).
+inline std::string program_dir() { return DTRAIN_TEST_PROGRAM_DIR; }
 
 inline CommandResult run_command(const std::string& command) {
   CommandResult result;

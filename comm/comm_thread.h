@@ -1,0 +1,60 @@
+// The comm thread behind a Communicator: a FIFO of operations run one at a
+// time on the backend, and a watchdog that fails an operation still running
+// past its deadline (for backends such as MPI whose calls cannot time out
+// themselves) so that no Work waits forever.
+//
+// Threading: submit() may be called from any thread. The backend is touched
+// only by the comm thread. State shared by the two threads lives in a
+// shared_ptr, so a comm thread stuck inside a library call can be detached
+// and outlive the Communicator safely.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "comm/backend.h"
+#include "comm/communicator.h"
+
+namespace dtrain::comm {
+
+struct WorkState {
+  Op op;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool started = false;
+  bool done = false;
+  std::exception_ptr error;
+
+  // The first completion wins; later ones (a late backend return after the
+  // watchdog failed the operation) are ignored.
+  void complete(std::exception_ptr e);
+};
+
+class CommThread {
+ public:
+  CommThread(std::unique_ptr<Backend> backend, const CommunicatorOptions& options);
+  ~CommThread();
+
+  std::shared_ptr<WorkState> submit(Op op);
+  std::uint64_t last_seq() const;
+
+  // How long a failure's diagnosis may add to an operation's timeout.
+  static Duration diagnosis_grace(Duration timeout);
+
+ private:
+  struct Shared;
+  static void run_loop(std::shared_ptr<Shared> shared);
+  static void watchdog_loop(std::shared_ptr<Shared> shared);
+
+  std::shared_ptr<Shared> shared_;
+  std::thread worker_;
+  std::thread watchdog_;
+};
+
+}  // namespace dtrain::comm

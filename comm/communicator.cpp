@@ -1,0 +1,117 @@
+#include "comm/communicator.h"
+
+#include <fmt/format.h>
+
+#include "comm/comm_thread.h"
+#include "core/error.h"
+
+namespace dtrain::comm {
+
+void Work::wait() {
+  DTRAIN_CHECK(state_ != nullptr, "wait() on an empty Work");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  // The comm thread's watchdog completes every operation by its deadline
+  // plus the diagnosis; this loop only guards against a bug there.
+  for (;;) {
+    if (state_->cv.wait_for(lock, std::chrono::seconds(1), [&] { return state_->done; })) break;
+    const auto limit = state_->op.deadline + std::chrono::minutes(2);
+    if (state_->started && std::chrono::steady_clock::now() > limit) {
+      throw TimeoutError(fmt::format("{} was not completed by the comm thread long after its deadline",
+                                     state_->op.describe()));
+    }
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+void Work::wait(Duration timeout) {
+  DTRAIN_CHECK(state_ != nullptr, "wait() on an empty Work");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+    throw TimeoutError(fmt::format("{} not complete after {} ms (still {}); it goes on in the background",
+                                   state_->op.describe(), timeout.count(),
+                                   state_->started ? "running" : "queued"));
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::completed() const {
+  if (state_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+std::uint64_t Work::seq() const { return state_ == nullptr ? 0 : state_->op.seq; }
+
+Communicator::Communicator(std::unique_ptr<Backend> backend, CommunicatorOptions options)
+    : options_(std::move(options)),
+      rank_(backend->rank()),
+      world_size_(backend->world_size()),
+      backend_name_(backend->name()),
+      thread_(std::make_unique<CommThread>(std::move(backend), options_)) {}
+
+Communicator::~Communicator() = default;
+
+std::uint64_t Communicator::last_seq() const { return thread_->last_seq(); }
+
+Work Communicator::submit(Op op) {
+  const bool reduces = op.kind == OpKind::allreduce || op.kind == OpKind::reduce_scatter;
+  if (reduces && op.dtype != DType::f32 && op.dtype != DType::bf16 && op.dtype != DType::f16) {
+    throw CommError(fmt::format("{} on {}: reductions take f32, bf16 or f16 buffers", op_kind_name(op.kind),
+                                dtype_name(op.dtype)));
+  }
+  return Work(thread_->submit(op));
+}
+
+Work Communicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  Op o;
+  o.kind = OpKind::allreduce;
+  o.input = data;
+  o.output = data;
+  o.count = count;
+  o.dtype = dtype;
+  o.reduce = op;
+  return submit(o);
+}
+
+Work Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype,
+                                  ReduceOp op) {
+  Op o;
+  o.kind = OpKind::reduce_scatter;
+  o.input = input;
+  o.output = output;
+  o.count = count;
+  o.dtype = dtype;
+  o.reduce = op;
+  return submit(o);
+}
+
+Work Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype) {
+  Op o;
+  o.kind = OpKind::allgather;
+  o.input = input;
+  o.output = output;
+  o.count = count;
+  o.dtype = dtype;
+  return submit(o);
+}
+
+Work Communicator::broadcast(void* data, std::size_t count, DType dtype, int root) {
+  DTRAIN_CHECK(root >= 0 && root < world_size_, "broadcast root {} outside 0..{}", root,
+               world_size_ - 1);
+  Op o;
+  o.kind = OpKind::broadcast;
+  o.input = data;
+  o.output = data;
+  o.count = count;
+  o.dtype = dtype;
+  o.root = root;
+  return submit(o);
+}
+
+Work Communicator::barrier() {
+  Op o;
+  o.kind = OpKind::barrier;
+  return submit(o);
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,420 @@
+// The Store contract (comm/store.h), run against MemoryStore and TcpStore
+// alike, then what only the TCP store has: tokens, hundreds of clients,
+// malformed input, vanished clients and reconnection. Everything listens on
+// and connects to 127.0.0.1.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <latch>
+#include <numeric>
+#include <random>
+
+#include "comm/memory_store.h"
+#include "comm/store.h"
+#include "comm/tcp_store.h"
+#include "comm/tcp_store_server.h"
+#include "core/error.h"
+#include "support/store_testing.h"
+
+namespace dtrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using dtrain::testing::eventually;
+using dtrain::testing::kStoreToken;
+using dtrain::testing::LogCapture;
+using dtrain::testing::RawConnection;
+using dtrain::testing::run_threads;
+using dtrain::testing::store_client_options;
+using dtrain::testing::store_frame;
+using dtrain::testing::store_hello_frame;
+using dtrain::testing::store_length_prefix;
+using dtrain::testing::store_server_options;
+
+// Each backend hands out clients of one store: every MemoryStore client is
+// the same object; every TcpStore client is its own connection to one server.
+struct MemoryBackend {
+  std::shared_ptr<MemoryStore> store = std::make_shared<MemoryStore>();
+  std::shared_ptr<Store> client() { return store; }
+};
+
+struct TcpBackend {
+  LogCapture log;
+  TcpStoreServer server{store_server_options(log)};
+  std::shared_ptr<Store> client() { return std::make_shared<TcpStore>(store_client_options(server.port())); }
+};
+
+template <class Backend>
+class StoreContract : public ::testing::Test {
+ protected:
+  std::shared_ptr<Store> client() { return backend_.client(); }
+  Backend backend_;
+};
+
+struct BackendNames {
+  template <class T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, MemoryBackend> ? "Memory" : "Tcp";
+  }
+};
+
+using Backends = ::testing::Types<MemoryBackend, TcpBackend>;
+TYPED_TEST_SUITE(StoreContract, Backends, BackendNames);
+
+TYPED_TEST(StoreContract, SetThenGetReturnsTheValue) {
+  auto s = this->client();
+  s->set("a", to_bytes("1"));
+  EXPECT_EQ(to_string(s->get("a", 1s)), "1");
+  s->set("a", to_bytes("2"));
+  EXPECT_EQ(to_string(s->get("a", 1s)), "2");
+  const Bytes binary = {0, 255, 10, 0, 7};
+  s->set("binary", binary);
+  EXPECT_EQ(s->get("binary", 1s), binary);
+  s->set("empty", {});
+  EXPECT_THAT(s->get("empty", 1s), IsEmpty());
+}
+
+TYPED_TEST(StoreContract, GetWaitsForALaterSetFromAnotherThread) {
+  auto reader = this->client();
+  auto writer = this->client();
+  std::thread later([&] {
+    std::this_thread::sleep_for(50ms);
+    writer->set("late", to_bytes("here"));
+  });
+  EXPECT_EQ(to_string(reader->get("late", 1500ms)), "here");
+  later.join();
+}
+
+TYPED_TEST(StoreContract, GetTimesOutWithTimeoutErrorNamingTheKey) {
+  auto s = this->client();
+  try {
+    s->get("never-set", 100ms);
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'never-set'"));
+  }
+  s->set("after", to_bytes("ok"));  // the store still serves this client
+  EXPECT_EQ(to_string(s->get("after", 1s)), "ok");
+}
+
+TYPED_TEST(StoreContract, AddKeepsDecimalTextAndReturnsTheNewValue) {
+  auto s = this->client();
+  EXPECT_EQ(s->add("n", 5), 5);
+  EXPECT_EQ(s->add("n", -7), -2);
+  EXPECT_EQ(to_string(s->get("n", 1s)), "-2");
+  s->set("m", to_bytes("40"));
+  EXPECT_EQ(s->add("m", 2), 42);
+  s->set("text", to_bytes("abc"));
+  try {
+    s->add("text", 1);
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'text'"));
+    EXPECT_THAT(e.what(), HasSubstr("not a decimal integer"));
+  }
+}
+
+TYPED_TEST(StoreContract, CompareSetStoresOnlyWhenExpectedMatches) {
+  auto s = this->client();
+  EXPECT_EQ(to_string(s->compare_set("k", {}, to_bytes("a"))), "a");  // absent matches empty
+  EXPECT_EQ(to_string(s->compare_set("k", to_bytes("zzz"), to_bytes("b"))), "a");
+  EXPECT_EQ(to_string(s->get("k", 1s)), "a");
+  EXPECT_EQ(to_string(s->compare_set("k", to_bytes("a"), to_bytes("b"))), "b");
+  EXPECT_EQ(to_string(s->get("k", 1s)), "b");
+  EXPECT_THAT(s->compare_set("absent", to_bytes("x"), to_bytes("y")), IsEmpty());
+  EXPECT_FALSE(s->check("absent"));
+}
+
+TYPED_TEST(StoreContract, DeleteKeyReportsWhetherItExisted) {
+  auto s = this->client();
+  s->set("d", to_bytes("1"));
+  EXPECT_TRUE(s->delete_key("d"));
+  EXPECT_FALSE(s->check("d"));
+  EXPECT_FALSE(s->delete_key("d"));
+}
+
+TYPED_TEST(StoreContract, WaitReturnsOnceEveryKeyExists) {
+  auto waiter = this->client();
+  auto writer = this->client();
+  waiter->wait({}, 0ms);
+  std::thread later([&] {
+    writer->set("w1", to_bytes("1"));
+    std::this_thread::sleep_for(30ms);
+    writer->set("w2", to_bytes("2"));
+  });
+  waiter->wait({"w1", "w2"}, 1500ms);
+  later.join();
+  EXPECT_TRUE(waiter->check("w2"));
+}
+
+TYPED_TEST(StoreContract, WaitTimesOutNamingOnlyTheMissingKeys) {
+  auto s = this->client();
+  s->set("present", to_bytes("1"));
+  try {
+    s->wait({"present", "absent1", "absent2"}, 100ms);
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("missing 'absent1', 'absent2'"));
+  }
+}
+
+TYPED_TEST(StoreContract, CheckAndNumKeys) {
+  auto s = this->client();
+  EXPECT_EQ(s->num_keys(), 0);
+  EXPECT_FALSE(s->check("x"));
+  s->set("x", to_bytes("1"));
+  s->add("y", 1);
+  EXPECT_TRUE(s->check("x"));
+  EXPECT_EQ(s->num_keys(), 2);
+  s->delete_key("x");
+  EXPECT_EQ(s->num_keys(), 1);
+}
+
+TYPED_TEST(StoreContract, PrefixStoreScopesKeys) {
+  auto base = this->client();
+  PrefixStore run1("run1", base);
+  PrefixStore run2("run2", base);
+  run1.set("k", to_bytes("1"));
+  run2.set("k", to_bytes("2"));
+  EXPECT_EQ(to_string(run1.get("k", 1s)), "1");
+  EXPECT_EQ(to_string(run2.get("k", 1s)), "2");
+  EXPECT_EQ(to_string(base->get("run1/k", 1s)), "1");
+  EXPECT_EQ(run1.add("n", 3), 3);
+  EXPECT_FALSE(run2.check("n"));
+  EXPECT_EQ(to_string(run1.compare_set("k", to_bytes("1"), to_bytes("one"))), "one");
+  run1.wait({"k", "n"}, 1s);
+  EXPECT_TRUE(run1.delete_key("k"));
+  EXPECT_TRUE(run2.check("k"));
+  EXPECT_EQ(run1.num_keys(), 2);  // run1/n and run2/k: num_keys counts the whole store
+  EXPECT_THROW(run1.get("missing", 50ms), TimeoutError);
+}
+
+TYPED_TEST(StoreContract, SixtyFourClientsAddingConcurrentlyLoseNoUpdate) {
+  constexpr int kClients = 64;
+  constexpr int kAddsEach = 100;
+  std::mutex mu;
+  std::vector<std::int64_t> seen;
+  auto errors = run_threads(kClients, [&](int) {
+    auto s = this->client();
+    std::vector<std::int64_t> mine;
+    for (int i = 0; i < kAddsEach; ++i) mine.push_back(s->add("counter", 1));
+    std::lock_guard lock(mu);
+    seen.insert(seen.end(), mine.begin(), mine.end());
+  });
+  ASSERT_THAT(errors, IsEmpty());
+  EXPECT_EQ(this->client()->add("counter", 0), kClients * kAddsEach);
+  // Every add saw a distinct value: none was applied twice or lost.
+  std::sort(seen.begin(), seen.end());
+  std::vector<std::int64_t> expected(kClients * kAddsEach);
+  std::iota(expected.begin(), expected.end(), 1);
+  EXPECT_EQ(seen, expected);
+}
+
+class TcpStoreTest : public ::testing::Test {
+ protected:
+  std::uint16_t port() const { return server_->port(); }
+  std::unique_ptr<TcpStore> connect() { return std::make_unique<TcpStore>(store_client_options(port())); }
+
+  LogCapture log_;  // outlives the server that writes to it
+  std::unique_ptr<TcpStoreServer> server_ = std::make_unique<TcpStoreServer>(store_server_options(log_));
+};
+
+TEST_F(TcpStoreTest, WrongTokenIsRefusedWithAClearErrorAndLogged) {
+  try {
+    TcpStore intruder(store_client_options(port(), "wrong-token"));
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("127.0.0.1:{}", port())));
+    EXPECT_THAT(e.what(), HasSubstr("token (DTRAIN_TOKEN) does not match"));
+  }
+  EXPECT_TRUE(eventually([&] { return log_.contains("refused 127.0.0.1:"); })) << log_.all();
+  EXPECT_FALSE(log_.contains("wrong-token"));
+  EXPECT_FALSE(log_.contains(kStoreToken));
+  EXPECT_EQ(connect()->add("still-serving", 1), 1);
+}
+
+TEST_F(TcpStoreTest, ServerRequiresAToken) {
+  auto options = store_server_options(log_);
+  options.token.clear();
+  EXPECT_THROW(TcpStoreServer{options}, CommError);
+}
+
+TEST_F(TcpStoreTest, ServesTwoHundredFiftySixConnectedClientsAtOnce) {
+  constexpr int kClients = 256;
+  std::latch all_connected(kClients + 1);
+  std::latch counted(1);
+  std::atomic<int> answered{0};
+  std::thread main_check([&] {
+    all_connected.arrive_and_wait();
+    EXPECT_EQ(server_->connection_count(), static_cast<std::size_t>(kClients));
+    counted.count_down();
+  });
+  auto errors = run_threads(kClients, [&](int i) {
+    std::unique_ptr<TcpStore> c;
+    try {
+      c = connect();
+    } catch (...) {
+      all_connected.count_down();  // never strand the others at the latch
+      throw;
+    }
+    all_connected.arrive_and_wait();
+    const std::string key = fmt::format("client/{}", i);
+    c->set(key, to_bytes(std::to_string(i * 7)));
+    if (to_string(c->get(key, 1s)) == std::to_string(i * 7)) ++answered;
+    counted.wait();
+  });
+  main_check.join();
+  EXPECT_THAT(errors, IsEmpty());
+  EXPECT_EQ(answered.load(), kClients);
+  EXPECT_EQ(connect()->num_keys(), kClients);
+}
+
+// Feeds the server what a port scanner, a garbled stream or a client of
+// another version might send; each bad connection must close alone.
+TEST_F(TcpStoreTest, SurvivesMalformedFramesAndStillServes) {
+  std::mt19937 rng(20240611);
+  auto random_bytes = [&](std::size_t n) {
+    std::string s(n, '\0');
+    for (char& c : s) c = static_cast<char>(rng() & 0xff);
+    return s;
+  };
+  for (int i = 0; i < 10; ++i) RawConnection(port()).send(random_bytes(1 + rng() % 200));
+  for (int i = 0; i < 10; ++i) RawConnection(port()).send(store_frame(random_bytes(rng() % 1000)));
+  for (int i = 0; i < 10; ++i) RawConnection(port()).send(store_length_prefix(500) + random_bytes(rng() % 500));
+  RawConnection(port()).send(store_length_prefix(0xffffffffu));
+  for (int i = 0; i < 10; ++i) {  // authenticated, so garbage that happens to parse is served
+    RawConnection fuzzed(port());
+    fuzzed.send(store_hello_frame(kStoreToken));
+    for (int j = 0; j < 3; ++j) fuzzed.send(store_frame(random_bytes(rng() % 2000)));
+  }
+  {
+    RawConnection authenticated(port());
+    authenticated.send(store_hello_frame(kStoreToken));
+    ASSERT_TRUE(authenticated.read_response().has_value());
+    authenticated.send(store_length_prefix(kStoreMaxFrameBytes + 1));
+    EXPECT_TRUE(eventually([&] { return authenticated.closed_by_server(); }));
+  }
+  {
+    RawConnection garbage_after_hello(port());
+    garbage_after_hello.send(store_hello_frame(kStoreToken));
+    ASSERT_TRUE(garbage_after_hello.read_response().has_value());
+    garbage_after_hello.send(store_frame("\xff\xff\xff\xff garbage"));
+    auto answer = garbage_after_hello.read_response();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_EQ(answer->status(), store::Response::STATUS_ERROR);
+  }
+  {
+    RawConnection other_version(port());
+    other_version.send(store_hello_frame(kStoreToken, kStoreVersion + 100));
+    auto answer = other_version.read_response();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_THAT(answer->message(), HasSubstr("protocol mismatch"));
+  }
+  EXPECT_TRUE(eventually([&] { return server_->connection_count() == 0; })) << log_.all();
+  EXPECT_TRUE(log_.contains("above the limit")) << log_.all();
+  EXPECT_TRUE(log_.contains("in the middle of a frame")) << log_.all();
+  auto c = connect();
+  c->set("fine", to_bytes("yes"));
+  EXPECT_EQ(to_string(c->get("fine", 1s)), "yes");
+}
+
+TEST_F(TcpStoreTest, ClientsThatVanishAreDroppedWithTheirWaiters) {
+  RawConnection(port()).close();
+  EXPECT_TRUE(eventually([&] { return log_.contains("before sending a hello"); })) << log_.all();
+
+  RawConnection waiting(port());
+  waiting.send(store_hello_frame(kStoreToken));
+  ASSERT_TRUE(waiting.read_response().has_value());
+  store::Request get;
+  get.set_id(2);
+  get.mutable_get()->set_key("vanish-key");
+  get.mutable_get()->set_timeout_ms(10'000);
+  waiting.send(store_frame(get.SerializeAsString()));
+  ASSERT_TRUE(eventually([&] { return server_->waiter_count() == 1; }));
+  waiting.close();
+  EXPECT_TRUE(eventually([&] { return server_->waiter_count() == 0 && server_->connection_count() == 0; }));
+  EXPECT_TRUE(log_.contains("vanished while a get of 'vanish-key' was waiting")) << log_.all();
+
+  auto c = connect();  // setting the key the vanished client waited for harms nobody
+  c->set("vanish-key", to_bytes("v"));
+  EXPECT_EQ(to_string(c->get("vanish-key", 1s)), "v");
+}
+
+TEST_F(TcpStoreTest, ClientReconnectsOnceAfterTheServerDropsItsConnection) {
+  auto c = connect();
+  c->set("before", to_bytes("1"));
+  server_->close_connections();
+  EXPECT_EQ(to_string(c->get("before", 1s)), "1");
+  EXPECT_EQ(c->add("after", 1), 1);
+  EXPECT_TRUE(log_.contains("closing all 1 client connections"));
+}
+
+TEST_F(TcpStoreTest, WaitingGetSurvivesADroppedConnection) {
+  auto reader = connect();
+  std::thread get_thread([&] { EXPECT_EQ(to_string(reader->get("later", 1500ms)), "v"); });
+  ASSERT_TRUE(eventually([&] { return server_->waiter_count() == 1; }));
+  server_->close_connections();  // the get reconnects and asks again
+  connect()->set("later", to_bytes("v"));
+  get_thread.join();
+}
+
+TEST_F(TcpStoreTest, ClientReconnectsToAServerRestartedOnTheSamePort) {
+  auto c = connect();
+  c->set("old", to_bytes("1"));
+  const std::uint16_t same_port = port();
+  server_.reset();
+  server_ = std::make_unique<TcpStoreServer>(store_server_options(log_, same_port));
+  c->set("new", to_bytes("2"));
+  EXPECT_EQ(to_string(c->get("new", 1s)), "2");
+  EXPECT_FALSE(c->check("old"));  // a restarted server starts empty
+}
+
+TEST_F(TcpStoreTest, SecondFailureThrowsCommErrorNamingTheAddress) {
+  auto options = store_client_options(port());
+  options.connect_timeout = 200ms;
+  options.timeout = 200ms;
+  TcpStore c(options);
+  const std::string address = fmt::format("127.0.0.1:{}", port());
+  server_.reset();
+  try {
+    c.set("k", to_bytes("v"));
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(address));
+  }
+}
+
+TEST_F(TcpStoreTest, ConnectRetriesUntilTheServerStarts) {
+  const std::uint16_t later_port = port();
+  server_.reset();
+  std::thread starter([&] {
+    std::this_thread::sleep_for(100ms);
+    server_ = std::make_unique<TcpStoreServer>(store_server_options(log_, later_port));
+  });
+  auto options = store_client_options(later_port);
+  options.connect_timeout = 1500ms;
+  TcpStore c(options);
+  starter.join();
+  c.set("k", to_bytes("v"));
+  EXPECT_EQ(to_string(c.get("k", 1s)), "v");
+}
+
+TEST_F(TcpStoreTest, ConnectGivesUpWithCommErrorWhenNoServerAppears) {
+  const std::uint16_t dead_port = port();
+  server_.reset();
+  auto options = store_client_options(dead_port);
+  options.connect_timeout = 200ms;
+  try {
+    TcpStore c(options);
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("cannot reach the store at 127.0.0.1:{}", dead_port)));
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::comm
