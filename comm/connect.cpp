@@ -21,24 +21,6 @@
 namespace dtrain::comm {
 namespace {
 
-struct Endpoint {
-  std::string host;
-  std::uint16_t port = 0;
-};
-
-// "host:port" or "[v6]:port" (cluster/ has validated the form).
-Endpoint parse_endpoint(const std::string& text) {
-  const auto colon = text.rfind(':');
-  DTRAIN_CHECK(colon != std::string::npos, "store address '{}' without a port", text);
-  Endpoint e;
-  e.host = text.substr(0, colon);
-  if (e.host.size() >= 2 && e.host.front() == '[' && e.host.back() == ']') {
-    e.host = e.host.substr(1, e.host.size() - 2);
-  }
-  e.port = static_cast<std::uint16_t>(std::stoul(text.substr(colon + 1)));
-  return e;
-}
-
 // Whether something already listens on `port` of this machine (the
 // launcher's store): binding the port for a moment tells.
 bool port_taken(std::uint16_t port) {
@@ -62,7 +44,7 @@ bool is_loopback(const std::string& host) {
 // The address this rank's gloo pairs listen on: loopback for a job whose
 // store is on loopback (one machine), this host's name otherwise.
 std::string gloo_hostname(const cluster::Environment& env) {
-  if (!env.store || is_loopback(parse_endpoint(*env.store).host)) return "127.0.0.1";
+  if (!env.store || is_loopback(cluster::parse_host_port(*env.store, "DTRAIN_STORE").host)) return "127.0.0.1";
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) throw_errno("gethostname", "");
   return name;
@@ -93,22 +75,24 @@ OpenedStore open_store(const cluster::Environment& env, Duration timeout) {
     if (env.world_size == 1) opened.store = std::make_shared<MemoryStore>();
     return opened;  // mpi needs none; gloo and nccl will say what to set
   }
-  const Endpoint endpoint = parse_endpoint(*env.store);
+  const cluster::HostPort endpoint = cluster::parse_host_port(*env.store, "DTRAIN_STORE");
   const std::string token = env.token.empty() ? "dtrain:" + env.run_id : env.token;
   // Rank 0 hosts the store unless someone (dtrain-launch) already does.
-  if (env.rank == 0 && !port_taken(endpoint.port)) {
+  if (env.rank == 0 && !port_taken(static_cast<std::uint16_t>(endpoint.port))) {
     TcpStoreServer::Options server;
     server.host = is_loopback(endpoint.host) ? endpoint.host : "0.0.0.0";
-    server.port = endpoint.port;
+    server.port = static_cast<std::uint16_t>(endpoint.port);
     server.token = token;
     opened.server = std::make_unique<TcpStoreServer>(server);
   }
   TcpStore::Options client;
   client.host = endpoint.host;
-  client.port = endpoint.port;
+  client.port = static_cast<std::uint16_t>(endpoint.port);
   client.token = token;
   client.connect_timeout = timeout;
-  client.timeout = timeout;
+  // Calls that do not wait are round trips: they need seconds, not the
+  // collective timeout (a failure's diagnosis must not hang on a dead store).
+  client.timeout = std::min<Duration>(timeout, std::chrono::seconds(30));
   auto tcp = std::make_shared<TcpStore>(client);
   // Keys of one run and one restart round never meet another's.
   opened.store = std::make_shared<PrefixStore>(

@@ -14,7 +14,7 @@ void MemoryStore::set(const std::string& key, const Bytes& value) {
 
 Bytes MemoryStore::get(const std::string& key, Duration timeout) {
   std::unique_lock lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = std::chrono::steady_clock::now() + clamp_store_wait(timeout);
   if (!changed_.wait_until(lock, deadline, [&] { return table_.find(key) != nullptr; })) {
     throw TimeoutError(fmt::format(
         "memory store: get of key '{}' timed out after {} ms; the key was never set "
@@ -53,7 +53,7 @@ bool MemoryStore::delete_key(const std::string& key) {
 
 void MemoryStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   std::unique_lock lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = std::chrono::steady_clock::now() + clamp_store_wait(timeout);
   if (!changed_.wait_until(lock, deadline, [&] { return table_.missing(keys).empty(); })) {
     throw TimeoutError(fmt::format(
         "memory store: wait timed out after {} ms; still missing {} "

@@ -4,7 +4,9 @@
 // Not thread-safe: the owner serialises access (a mutex, or one thread).
 #pragma once
 
+#include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,6 +17,11 @@
 #include "core/error.h"
 
 namespace dtrain::comm {
+
+// The longest a get or wait may wait: beyond any rendezvous, and far enough
+// from the clock's range that now + timeout cannot overflow.
+inline constexpr Duration kMaxStoreWait = std::chrono::hours(24 * 7);
+inline Duration clamp_store_wait(Duration d) { return std::min(d, kMaxStoreWait); }
 
 class StoreTable {
  public:

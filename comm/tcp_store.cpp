@@ -149,6 +149,8 @@ void set_wait(Request& request, Clock::time_point wait_until) {
 
 TcpStore::TcpStore(Options options) : options_(std::move(options)) {
   if (options_.client.empty()) options_.client = default_client_name();
+  options_.connect_timeout = clamp_store_wait(options_.connect_timeout);
+  options_.timeout = clamp_store_wait(options_.timeout);
   std::lock_guard lock(mu_);
   connect(Clock::now() + options_.connect_timeout);
 }
@@ -236,6 +238,7 @@ void TcpStore::disconnect() {
 
 Response TcpStore::call(Request& request, Duration wait, const std::string& what) {
   std::lock_guard lock(mu_);
+  wait = clamp_store_wait(wait);
   const auto wait_until = Clock::now() + wait;
   const auto deadline = wait_until + options_.timeout;
   std::optional<Response> answer;

@@ -24,8 +24,6 @@ using WaiterPtr = std::shared_ptr<StoreWaiter>;
 
 namespace {
 
-// A week: beyond any rendezvous, and far from overflowing the timer's clock.
-constexpr std::int64_t kMaxWaitMs = 7LL * 24 * 3600 * 1000;
 // After a failed accept (out of descriptors, say), so the loop does not spin.
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
 
@@ -100,12 +98,17 @@ TcpStoreServer::Impl::Impl(Options options)
 
 void TcpStoreServer::Impl::listen() {
   error_code ec;
-  const asio::ip::address address = asio::ip::make_address(options_.host, ec);
-  if (ec) {
-    throw CommError(fmt::format("store server: cannot listen on '{}': not an IP address ({}); pass a "
-                                "numeric address such as 0.0.0.0", options_.host, ec.message()));
+  tcp::endpoint endpoint(asio::ip::make_address(options_.host, ec), options_.port);
+  if (ec) {  // a name such as "localhost": bind its first address, IPv4 when it has one
+    tcp::resolver resolver(io_);
+    auto found = resolver.resolve(tcp::v4(), options_.host, std::to_string(options_.port), ec);
+    if (ec || found.empty()) found = resolver.resolve(options_.host, std::to_string(options_.port), ec);
+    if (ec || found.empty()) {
+      throw CommError(fmt::format("store server: cannot listen on '{}': {}; pass an address such as "
+                                  "0.0.0.0", options_.host, ec ? ec.message() : "no address"));
+    }
+    endpoint = found.begin()->endpoint();
   }
-  const tcp::endpoint endpoint(address, options_.port);
   auto fail = [&](const char* step) {
     return CommError(fmt::format("store server: cannot {} {}:{}: {}; is the port taken? (port 0 picks a "
                                  "free one)", step, options_.host, options_.port, ec.message()));
@@ -257,7 +260,7 @@ std::optional<Response> TcpStoreServer::Impl::park(const SessionPtr& session, st
   w->request_id = id;
   w->is_get = is_get;
   w->keys = std::move(keys);
-  w->timer.expires_after(std::chrono::milliseconds(std::min(timeout_ms, kMaxWaitMs)));
+  w->timer.expires_after(std::chrono::milliseconds(std::min(timeout_ms, kMaxStoreWait.count())));
   w->timer.async_wait([this, w](const error_code& ec) {
     if (!ec) on_timeout(w);
   });

@@ -25,7 +25,7 @@ class TcpStoreServer {
   using LogSink = std::function<void(const std::string&)>;
 
   struct Options {
-    std::string host = "0.0.0.0";  // a numeric address to bind
+    std::string host = "0.0.0.0";  // the address (or name) to bind
     std::uint16_t port = 0;        // 0: a free port, see port()
     std::string token;             // required: clients must present it
     LogSink log;                   // called on the server thread; empty: stderr, "dtrain store: "

@@ -243,12 +243,19 @@ TEST_F(TcpStoreTest, ServerRequiresAToken) {
   EXPECT_THROW(TcpStoreServer{options}, CommError);
 }
 
+TEST_F(TcpStoreTest, ServerBindsAHostName) {
+  auto options = store_server_options(log_);
+  options.host = "localhost";  // binds its IPv4 address, 127.0.0.1
+  TcpStoreServer by_name(options);
+  EXPECT_EQ(TcpStore(store_client_options(by_name.port())).add("n", 2), 2);
+}
+
 TEST_F(TcpStoreTest, ServesTwoHundredFiftySixConnectedClientsAtOnce) {
   constexpr int kClients = 256;
   std::latch all_connected(kClients + 1);
   std::latch counted(1);
   std::atomic<int> answered{0};
-  std::thread main_check([&] {
+  std::thread census([&] {
     all_connected.arrive_and_wait();
     EXPECT_EQ(server_->connection_count(), static_cast<std::size_t>(kClients));
     counted.count_down();
@@ -267,7 +274,7 @@ TEST_F(TcpStoreTest, ServesTwoHundredFiftySixConnectedClientsAtOnce) {
     if (to_string(c->get(key, 1s)) == std::to_string(i * 7)) ++answered;
     counted.wait();
   });
-  main_check.join();
+  census.join();
   EXPECT_THAT(errors, IsEmpty());
   EXPECT_EQ(answered.load(), kClients);
   EXPECT_EQ(connect()->num_keys(), kClients);
