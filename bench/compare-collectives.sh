@@ -21,7 +21,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$repo/build}
 rounds=${ROUNDS:-3}
 sweep_iters=${SWEEP_ITERS:-5}
-echo "# command: ROUNDS=$rounds SWEEP_ITERS=$sweep_iters BUILD_DIR=$build bench/compare-collectives.sh"
+echo "# command: ROUNDS=$rounds SWEEP_ITERS=$sweep_iters BUILD_DIR=$build" \
+  "bench/compare-collectives.sh"
 
 # Build if needed (incremental; build output goes to stderr). SKIP_BUILD=1
 # takes the binaries as they are.
@@ -38,8 +39,8 @@ mpirun=(mpirun -np 2)
 
 # A loopback port that was free a moment ago, for the store rank 0 hosts.
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
-    2>/dev/null || echo $((20000 + RANDOM % 20000))
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' 2>/dev/null || echo $((20000 + RANDOM % 20000))
 }
 
 # busbw SIZE TEXT: the busbw column of the table row for SIZE bytes.
@@ -88,6 +89,7 @@ for backend in mpi gloo; do
         results["$backend $s $side"]+="${bw:-0} "
         line+=" ${name[$s]} busbw ${bw:-n/a}"
       done
+      line+=" page_faults/op $(field page_faults_per_op_max "$out")"
       echo "$line"
     done
   done

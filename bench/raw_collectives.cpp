@@ -10,6 +10,7 @@
 // peers through a gloo FileStore in DIR (a fresh directory per run).
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -159,26 +160,33 @@ class GlooLibrary : public Library {
   std::shared_ptr<gloo::Context> context_;
 };
 
-// Time and correctness at one size, as dtrain-bench measures them.
-BenchRow run_size(Library& lib, const Options& o, float* data, std::size_t count) {
+// Time and correctness at one size, as dtrain-bench measures them; raises
+// `max_faults` to this size's page faults per timed operation.
+BenchRow run_size(Library& lib, const Options& o, float* data, std::size_t count,
+                  double& max_faults) {
   for (int i = 0; i < o.warmup; ++i) lib.allreduce_sum(data, count);
   lib.barrier();
+  const long faults_before = dtrain::minor_page_faults();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < o.iters; ++i) lib.allreduce_sum(data, count);
   const auto elapsed = std::chrono::steady_clock::now() - start;
   const double us = std::chrono::duration<double, std::micro>(elapsed).count() / o.iters;
+  max_faults = std::max(max_faults,
+                        static_cast<double>(dtrain::minor_page_faults() - faults_before) / o.iters);
 
-  for (std::size_t i = 0; i < count; ++i) data[i] = dtrain::tools::pattern_value(lib.rank(), i, false);
+  using dtrain::tools::pattern_value;
+  for (std::size_t i = 0; i < count; ++i) data[i] = pattern_value(lib.rank(), i, false);
   lib.allreduce_sum(data, count);
   std::int64_t wrong = 0;
   for (std::size_t i = 0; i < count; ++i) {
     float expected = 0.0f;
-    for (int q = 0; q < lib.world_size(); ++q) expected += dtrain::tools::pattern_value(q, i, false);
+    for (int q = 0; q < lib.world_size(); ++q) expected += pattern_value(q, i, false);
     if (data[i] != expected) ++wrong;
   }
+  const double wrong_total = lib.reduce_sum(static_cast<double>(wrong));
   return dtrain::tools::make_row(count * sizeof(float), count, "f32", "sum", lib.reduce_max(us),
                                  dtrain::tools::bus_factor("allreduce", lib.world_size()),
-                                 static_cast<std::int64_t>(lib.reduce_sum(static_cast<double>(wrong))));
+                                 static_cast<std::int64_t>(wrong_total));
 }
 
 int run(Library& lib, const Options& o) {
@@ -193,16 +201,21 @@ int run(Library& lib, const Options& o) {
   }
   dtrain::tools::BenchSummary summary;
   std::size_t last = 0;
+  double max_faults = 0.0;
   for (std::size_t bytes : dtrain::tools::sweep_sizes(o.min_bytes, o.max_bytes, o.step_factor)) {
     const std::size_t count = bytes / sizeof(float);
     if (count == 0 || count == last) continue;
     last = count;
-    const BenchRow row = run_size(lib, o, data.data(), count);
+    const BenchRow row = run_size(lib, o, data.data(), count, max_faults);
     summary.add(row);
     if (prints) std::cout << dtrain::tools::format_row(row) << std::flush;
   }
+  max_faults = lib.reduce_max(max_faults);
   if (prints) {
-    std::cout << summary.lines(o.library, lib.world_size()) << "collective: allreduce\ndtype: f32\n";
+    std::cout << summary.lines(o.library, lib.world_size());
+    std::cout << "collective: allreduce\ndtype: f32\n";
+    std::cout << fmt::format("page_faults_per_op_max: {:.1f}\npeak_rss_mb: {:.1f}\n", max_faults,
+                             dtrain::peak_rss_mb());
     std::cout << fmt::format("command: mpirun -np {} dtrain-bench-raw {} allreduce --min-bytes {} "
                              "--max-bytes {} --step-factor {} --iters {} --warmup {}{}\n",
                              lib.world_size(), o.library, o.min_bytes, o.max_bytes,
@@ -220,8 +233,10 @@ int main(int argc, char** argv) {
   CLI::App app{"dtrain-bench-raw: MPI and Gloo allreduce called directly (baseline)"};
   Options o;
   std::string collective;
-  app.add_option("library", o.library, "mpi | gloo")->required()->check(CLI::IsMember({"mpi", "gloo"}));
-  app.add_option("collective", collective, "allreduce")->required()->check(CLI::IsMember({"allreduce"}));
+  app.add_option("library", o.library, "mpi | gloo")
+      ->required()->check(CLI::IsMember({"mpi", "gloo"}));
+  app.add_option("collective", collective, "allreduce")
+      ->required()->check(CLI::IsMember({"allreduce"}));
   app.add_option("--min-bytes", o.min_bytes)->transform(CLI::AsSizeValue(false));
   app.add_option("--max-bytes", o.max_bytes)->transform(CLI::AsSizeValue(false));
   app.add_option("--step-factor", o.step_factor)->check(CLI::Range(1.0001, 1e6));

@@ -12,6 +12,7 @@
 #include "cluster/environment.h"
 #include "comm/connect.h"
 #include "core/error.h"
+#include "core/process.h"
 #include "tools/bench_collectives_common.h"
 #include "tools/bench_collectives_data.h"
 
@@ -88,6 +89,11 @@ class CollectiveBench {
         output_(largest.out_elems * dtype_size(pattern_.dtype), on_device),
         scalar_(sizeof(float), on_device) {}
 
+  // The most page faults per timed operation at any size so far, over ranks.
+  double max_faults_per_op() {
+    return reduce_scalar(static_cast<float>(max_faults_per_op_), ReduceOp::max);
+  }
+
   BenchRow run_size(const Layout& l) {
     const double local_us = time_us(l);
     const std::int64_t local_wrong = check(l);
@@ -97,8 +103,9 @@ class CollectiveBench {
         reduce_scalar(static_cast<float>(local_wrong), ReduceOp::sum));
     const bool reduces = pattern_.kind == OpKind::allreduce ||
                          pattern_.kind == OpKind::reduce_scatter;
-    return make_row(l.bytes, l.count, dtype_name(pattern_.dtype), reduces ? std::string_view(options_.op) : std::string_view("none"),
-                    us, bus_factor(options_.collective, comm_.world_size()), wrong);
+    const std::string_view redop = reduces ? std::string_view(options_.op) : "none";
+    return make_row(l.bytes, l.count, dtype_name(pattern_.dtype), redop, us,
+                    bus_factor(options_.collective, comm_.world_size()), wrong);
   }
 
  private:
@@ -121,12 +128,17 @@ class CollectiveBench {
 
   // Mean wall time of one operation, each waited for before the next starts,
   // over `iters` back-to-back operations that all ranks start together.
+  // Also records the page faults per timed operation: fresh memory in the
+  // hot path is the usual reason a large size falls short of the baseline.
   double time_us(const Layout& l) {
     for (int i = 0; i < options_.warmup; ++i) issue(l).wait();
     comm_.barrier().wait();
+    const long faults_before = minor_page_faults();
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < options_.iters; ++i) issue(l).wait();
     const auto elapsed = std::chrono::steady_clock::now() - start;
+    const double faults = static_cast<double>(minor_page_faults() - faults_before) / options_.iters;
+    max_faults_per_op_ = std::max(max_faults_per_op_, faults);
     return std::chrono::duration<double, std::micro>(elapsed).count() / options_.iters;
   }
 
@@ -165,6 +177,7 @@ class CollectiveBench {
   BenchBuffer input_;
   BenchBuffer output_;
   BenchBuffer scalar_;
+  double max_faults_per_op_ = 0.0;
 };
 
 // The shell line that runs this benchmark again the same way.
@@ -176,7 +189,8 @@ std::string reproduce_command(const CollectiveBenchOptions& o, const cluster::En
   }
   switch (env.starter) {
     case cluster::Starter::mpirun:
-      prefix += fmt::format("mpirun -np {}{} ", env.world_size, env.store ? " -x DTRAIN_STORE" : "");
+      prefix += fmt::format("mpirun -np {}{} ", env.world_size,
+                            env.store ? " -x DTRAIN_STORE" : "");
       break;
     case cluster::Starter::slurm: prefix += fmt::format("srun -n {} ", env.world_size); break;
     case cluster::Starter::launcher:
@@ -239,7 +253,8 @@ int run_collective_bench(const CollectiveBenchOptions& options) {
   const std::unique_ptr<comm::Communicator> comm = comm::connect(env, connect_options);
 
   const Layout& largest = *std::max_element(
-      layouts.begin(), layouts.end(), [](const Layout& a, const Layout& b) { return a.bytes < b.bytes; });
+      layouts.begin(), layouts.end(),
+      [](const Layout& a, const Layout& b) { return a.bytes < b.bytes; });
   CollectiveBench bench(*comm, options, largest, on_device);
   const bool prints = comm->rank() == 0;
   if (prints) print_header(options, env, *comm);
@@ -249,9 +264,12 @@ int run_collective_bench(const CollectiveBenchOptions& options) {
     summary.add(row);
     if (prints) std::cout << format_row(row) << std::flush;
   }
+  const double faults = bench.max_faults_per_op();
   if (prints) {
     std::cout << summary.lines(comm->backend_name(), comm->world_size());
     std::cout << fmt::format("collective: {}\ndtype: {}\n", options.collective, options.dtype);
+    std::cout << fmt::format("page_faults_per_op_max: {:.1f}\npeak_rss_mb: {:.1f}\n", faults,
+                             peak_rss_mb());
     std::cout << "command: " << reproduce_command(options, env, backend) << "\n" << std::flush;
   }
   // Every rank returns the same code: the totals were reduced over all ranks.

@@ -125,7 +125,9 @@ Layout make_layout(OpKind kind, std::size_t bytes, std::size_t element_size, int
 
 void fill_input(const Pattern& p, const Layout& l, std::byte* input) {
   const bool nw = narrow(p.dtype);
-  for (std::size_t i = 0; i < l.in_elems; ++i) store(p.dtype, input, i, pattern_value(p.rank, i, nw));
+  for (std::size_t i = 0; i < l.in_elems; ++i) {
+    store(p.dtype, input, i, pattern_value(p.rank, i, nw));
+  }
 }
 
 void fill_value(DType dtype, std::byte* data, std::size_t count, float value) {
@@ -161,11 +163,13 @@ BenchBuffer::~BenchBuffer() {
 }
 
 void BenchBuffer::to_device(std::size_t bytes) {
-  if (device_ != nullptr) BENCH_CUDA_CHECK(cudaMemcpy(device_, host_.data(), bytes, cudaMemcpyHostToDevice));
+  if (device_ == nullptr) return;
+  BENCH_CUDA_CHECK(cudaMemcpy(device_, host_.data(), bytes, cudaMemcpyHostToDevice));
 }
 
 void BenchBuffer::to_host(std::size_t bytes) {
-  if (device_ != nullptr) BENCH_CUDA_CHECK(cudaMemcpy(host_.data(), device_, bytes, cudaMemcpyDeviceToHost));
+  if (device_ == nullptr) return;
+  BENCH_CUDA_CHECK(cudaMemcpy(host_.data(), device_, bytes, cudaMemcpyDeviceToHost));
 }
 
 void select_device(int local_rank) { BENCH_CUDA_CHECK(cudaSetDevice(local_rank)); }
