@@ -3,7 +3,10 @@
 #include <exception>
 #include <thread>
 
+#include <algorithm>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace dtrain::comm {
 namespace {
@@ -42,29 +45,44 @@ ArrivalReport report_arrival(Store* store, const std::string& name, int rank, in
   }
   try {
     store->set(arrival_key(name, rank), to_bytes(std::to_string(seq)));
-    std::vector<char> arrived(static_cast<std::size_t>(world_size), 0);
-    arrived[static_cast<std::size_t>(rank)] = 1;
+    // What each rank recorded: 0 = nothing yet; >= seq = reached this operation;
+    // below seq = failed at an earlier one (it is alive, just behind).
+    std::vector<std::uint64_t> recorded(static_cast<std::size_t>(world_size), 0);
+    recorded[static_cast<std::size_t>(rank)] = seq;
     const auto deadline = std::chrono::steady_clock::now() + grace;
     for (;;) {
       bool all = true;
       for (int r = 0; r < world_size; ++r) {
-        auto& a = arrived[static_cast<std::size_t>(r)];
-        if (!a) a = recorded_seq(*store, arrival_key(name, r)) >= seq ? 1 : 0;
-        all = all && a;
+        auto& v = recorded[static_cast<std::size_t>(r)];
+        if (v < seq) v = std::max(v, recorded_seq(*store, arrival_key(name, r)));
+        all = all && v >= seq;
       }
       if (all || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    std::vector<int> present;
+    std::vector<int> reached;
+    std::vector<std::string> behind;
     for (int r = 0; r < world_size; ++r) {
-      (arrived[static_cast<std::size_t>(r)] ? present : report.missing).push_back(r);
+      const std::uint64_t v = recorded[static_cast<std::size_t>(r)];
+      if (v >= seq) {
+        reached.push_back(r);
+      } else if (v == 0) {
+        report.missing.push_back(r);
+      } else {
+        behind.push_back(fmt::format("rank {} at #{}", r, v));
+      }
     }
-    if (report.missing.empty()) {
+    std::vector<std::string> parts;
+    if (!report.missing.empty()) {
+      parts.push_back(fmt::format("rank{} {} did not reach #{} and reported nothing",
+                                  report.missing.size() > 1 ? "s" : "", format_ranks(report.missing), seq));
+    }
+    if (!behind.empty()) parts.push_back(fmt::format("failed earlier: {}", fmt::join(behind, ", ")));
+    if (parts.empty()) {
       report.text = fmt::format("every rank reached #{}", seq);
     } else {
-      report.text = fmt::format("rank{} {} did not reach #{} (rank{} {} did)",
-                                report.missing.size() > 1 ? "s" : "", format_ranks(report.missing),
-                                seq, present.size() > 1 ? "s" : "", format_ranks(present));
+      parts.push_back(fmt::format("rank{} {} reached it", reached.size() > 1 ? "s" : "", format_ranks(reached)));
+      report.text = fmt::format("{}", fmt::join(parts, "; "));
     }
   } catch (const std::exception& e) {
     report.text = fmt::format("could not ask the store which ranks arrived: {}", e.what());

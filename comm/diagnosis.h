@@ -5,14 +5,17 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/store.h"
 
 namespace dtrain::comm {
 
 struct ArrivalReport {
-  std::string text;  // "rank 3 did not reach #5 (ranks 0-2 did)", or why nobody can tell
-  std::vector<int> missing;
+  // "rank 3 did not reach #5 and reported nothing; failed earlier: rank 1 at #4;
+  // ranks 0, 2 reached it", or why nobody can tell.
+  std::string text;
+  std::vector<int> missing;  // ranks that reported nothing: dead, stopped or stuck elsewhere
 };
 
 // Records that `rank` reached operation `seq` of communicator `name`, then
