@@ -73,5 +73,24 @@ TEST(CommProcesses, RankKilledMidCollectiveGivesErrorsNotHang) {
   }
 }
 
+TEST(CommProcesses, StoppedRankIsNamedBySurvivorsWhoTimeOut) {
+  testing::TempDir dir;
+  auto procs = start_ranks(dir, 3, {"--backend", "gloo", "--timeout-ms", "2000", "--loop"});
+  std::this_thread::sleep_for(1500ms);  // well into the loop of collectives
+  ::kill(procs[1].pid, SIGSTOP);
+  std::vector<testing::Spawned> survivors = {procs[0], procs[2]};
+  const bool finished = testing::wait_all(survivors, 30s);
+  ::kill(procs[1].pid, SIGKILL);
+  std::vector<testing::Spawned> stopped = {procs[1]};
+  testing::wait_all(stopped, 10s);
+  ASSERT_TRUE(finished) << "a survivor hung";
+  for (const auto& p : survivors) {
+    const std::string log = p.log();
+    EXPECT_EQ(p.exit_code(), 2) << log;
+    EXPECT_THAT(log, HasSubstr("TimeoutError"));
+    EXPECT_THAT(log, ContainsRegex("rank 1 did not reach #[0-9]+ and reported nothing"));
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -3,8 +3,9 @@
 // the chosen backend and then, by mode:
 //   default      runs every closed-form case of tests/support/collective_checks.h
 //   --hang-rank R  rank R never joins the first collective (the others must time out)
-//   --die-rank R --die-after-ms T  rank R kills itself with SIGKILL after T ms
-//                while every rank loops over large allreduces
+//   --loop       every rank loops over large allreduces (the test stops one)
+//   --die-rank R --die-after-ms T  as --loop, and rank R kills itself with
+//                SIGKILL after T ms
 // Prints `wrong_total: N`; exits 0 when every check passed, 1 on wrong
 // results, 2 on a dtrain::Error (printed with its type).
 #include <signal.h>
@@ -31,6 +32,7 @@ struct Options {
   int hang_rank = -1;
   int die_rank = -1;
   int die_after_ms = 300;
+  bool loop = false;
 };
 
 const char* error_kind(const std::exception& e) {
@@ -57,7 +59,7 @@ int run(const Options& o, dtrain::comm::OpenedStore& opened) {
     }
     std::vector<float> data(1024, 1.0f);
     comm->allreduce(data.data(), data.size(), DType::f32, comm::ReduceOp::sum).wait();
-  } else if (o.die_rank >= 0) {
+  } else if (o.loop || o.die_rank >= 0) {
     if (comm->rank() == o.die_rank) {
       std::thread([ms = o.die_after_ms] {
         std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
   app.add_option("--hang-rank", o.hang_rank);
   app.add_option("--die-rank", o.die_rank);
   app.add_option("--die-after-ms", o.die_after_ms);
+  app.add_flag("--loop", o.loop);
   CLI11_PARSE(app, argc, argv);
   dtrain::comm::OpenedStore opened;
   try {
