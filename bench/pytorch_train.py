@@ -19,60 +19,15 @@ mean step (as dtrain-bench does); *_best / step_ms_min the fastest one (least
 disturbed by other processes on a shared machine).
 """
 import argparse
-import json
-import math
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
-OPENBLAS_DIR = LIBDIR / "openblas-pthread"   # Debian libopenblas0-pthread
-REFBLAS_DIR = LIBDIR / "blas"                # Debian libblas3 (reference BLAS)
-# glibc keeps freed blocks (< 32 MiB) in its heap instead of unmapping them, so
-# PyTorch's per-step activations do not pay first-touch page faults every step.
-GLIBC_KEEP = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
-
-OPENBLAS = {"LD_LIBRARY_PATH": str(OPENBLAS_DIR)}
-KEEPMEM = {"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP}
-# This environment pins OPENBLAS_CORETYPE=Haswell (AVX2 kernels, ~100 GFLOP/s on
-# one thread); OpenBLAS's own AVX-512 kernels run ~200. Variants that override
-# the pin are opt-in (--allow-coretype): the pin is part of the platform.
-KEEPMEM_AVX512 = dict(KEEPMEM, OPENBLAS_CORETYPE="SkylakeX")
-
-
-def variant(env, linear="torch", jit=False, mkldnn=True, note="", auto=True):
-    """env: process environment; linear: nn.Linear's engine ("torch" = BLAS sgemm,
-    "mkldnn" = oneDNN inner product); jit: torch.jit.script (CPU fuser where LLVM is built in);
-    mkldnn: torch.backends.mkldnn.enabled; auto: part of --variant auto. All fp32."""
-    return {"env": env, "linear": linear, "jit": jit, "mkldnn": mkldnn, "note": note,
-            "auto": auto}
-
-
-VARIANTS = {
-    "openblas": variant(OPENBLAS, note="eager; Linear, bmm -> OpenBLAS sgemm"),
-    "openblas-keepmem": variant(KEEPMEM, note="as openblas; malloc keeps freed memory"),
-    "openblas-keepmem-jit": variant(KEEPMEM, jit=True, note="as openblas-keepmem; jit.script"),
-    "openblas-keepmem-nomkldnn": variant(KEEPMEM, mkldnn=False,
-                                         note="as openblas-keepmem; backends.mkldnn off"),
-    "mkldnn-linear": variant(OPENBLAS, linear="mkldnn",
-                             note="Linear -> oneDNN inner product; bmm -> OpenBLAS"),
-    "mkldnn-linear-keepmem": variant(KEEPMEM, linear="mkldnn",
-                                     note="as mkldnn-linear; malloc keeps freed memory"),
-    "mkldnn-linear-keepmem-jit": variant(KEEPMEM, linear="mkldnn", jit=True,
-                                         note="as mkldnn-linear-keepmem; jit.script"),
-    "openblas-avx512-keepmem": variant(KEEPMEM_AVX512, auto=False,
-                                       note="as openblas-keepmem; OPENBLAS_CORETYPE=SkylakeX"),
-    "mkldnn-linear-avx512-keepmem": variant(KEEPMEM_AVX512, linear="mkldnn", auto=False,
-                                            note="as mkldnn-linear-keepmem; CORETYPE=SkylakeX"),
-    # Reference BLAS: what python3-torch gets without libopenblas0. Slow; never in auto.
-    "refblas": variant({"LD_LIBRARY_PATH": str(REFBLAS_DIR)}, auto=False,
-                       note="eager; reference BLAS"),
-}
-CORETYPE_VARIANTS = [v for v in VARIANTS if "OPENBLAS_CORETYPE" in VARIANTS[v]["env"]]
+from pytorch_models import (CORETYPE_VARIANTS, VARIANTS, blas_library, build_model,
+                            flops_per_token, gemm_peak_gflops, load_config, make_batch,
+                            make_optimizer, parse_figures, variant_env)
 
 
 def parse_args():
@@ -89,146 +44,6 @@ def parse_args():
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
-
-def load_config(name):
-    path = Path(name) if name.endswith(".json") else REPO / "examples" / "configs" / f"{name}.json"
-    with open(path) as f:
-        cfg = json.load(f)
-    m, opt = cfg["model"], cfg["optimizer"]
-    return {
-        "name": path.stem, "kind": m["kind"], "vocab": m["vocab_size"], "d": m["d_model"],
-        "heads": m["n_heads"], "layers": m["n_layers"], "d_ff": m["d_ff"],
-        "seq": cfg["data"]["seq_len"], "batch": cfg["train"]["micro_batch_size"],
-        "classes": m.get("num_classes", 0), "lr": opt["lr"], "wd": opt["weight_decay"],
-        "clip": opt.get("grad_clip", 1.0),
-    }
-
-
-def flops_per_token(c):
-    d, L = c["d"], c["layers"]
-    n_matmul = L * (3 * d * d + d * d + 2 * d * c["d_ff"])
-    n_matmul += d * c["vocab"] if c["kind"] == "lm" else d * c["classes"]
-    return 6 * n_matmul + 12 * L * d * c["seq"]
-
-
-# ---------------------------------------------------------------- the models
-def build_model(c, linear_impl):
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class MkldnnLinear(nn.Linear):
-        # oneDNN inner product; the weight stays a dense tensor (what
-        # mkldnn_linear's backward requires), activations convert per call.
-        def forward(self, x):
-            shape = x.shape
-            y = torch._C._nn.mkldnn_linear(x.reshape(-1, shape[-1]).to_mkldnn(),
-                                           self.weight, self.bias)
-            return y.to_dense().view(list(shape[:-1]) + [self.out_features])
-
-    Linear = MkldnnLinear if linear_impl == "mkldnn" else nn.Linear
-
-    class Block(nn.Module):
-        # x = x + attn(LN1(x)); x = x + mlp(LN2(x)); [B,T,d] -> [B,T,d]
-        def __init__(self):
-            super().__init__()
-            d = c["d"]
-            self.heads, self.hd = c["heads"], d // c["heads"]
-            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-5), nn.LayerNorm(d, eps=1e-5)
-            self.qkv, self.proj = Linear(d, 3 * d), Linear(d, d)
-            self.fc1, self.fc2 = Linear(d, c["d_ff"]), Linear(c["d_ff"], d)
-            self.causal = c["kind"] == "lm"
-            mask = torch.full((c["seq"], c["seq"]), float("-inf")).triu(1)
-            self.register_buffer("mask", mask, persistent=False)
-
-        def forward(self, x):
-            B, T, d = x.shape
-            qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv[0] * (1.0 / math.sqrt(self.hd)), qkv[1], qkv[2]   # [B,H,T,hd]
-            att = q @ k.transpose(-2, -1)                                     # [B,H,T,T]
-            if self.causal:
-                att = att + self.mask[:T, :T]
-            y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d)
-            x = x + self.proj(y)
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            d = c["d"]
-            self.tok = nn.Embedding(c["vocab"], d)
-            self.pos = nn.Parameter(torch.empty(c["seq"], d))
-            self.blocks = nn.ModuleList(Block() for _ in range(c["layers"]))
-            self.ln_f = nn.LayerNorm(d, eps=1e-5)
-            self.is_lm = c["kind"] == "lm"
-            if self.is_lm:
-                self.head = Linear(d, c["vocab"], bias=False)
-            else:
-                self.head = Linear(d, c["classes"])
-
-        def forward(self, tokens, targets):
-            x = self.tok(tokens) + self.pos[: tokens.shape[1]]
-            for blk in self.blocks:
-                x = blk(x)
-            x = self.ln_f(x)
-            if self.is_lm:
-                logits = self.head(x)
-                return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-            return F.cross_entropy(self.head(x.mean(dim=1)), targets)
-
-    model = Model()
-    for name, p in model.named_parameters():
-        if name.startswith("ln") or ".ln" in name:
-            continue  # LayerNorm keeps weight 1, bias 0
-        if p.dim() >= 2:
-            nn.init.normal_(p, 0.0, 0.02)
-        else:
-            nn.init.zeros_(p)
-    return model
-
-
-def make_optimizer(model, c):
-    import torch
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    no_decay = [p for p in model.parameters() if p.dim() != 2]
-    groups = [{"params": decay, "weight_decay": c["wd"]}, {"params": no_decay, "weight_decay": 0.0}]
-    # foreach=True was slower here: its temporaries for all parameters at once
-    # are fresh memory each step (cls-seed clip+step 588 vs 158 ms; 61 vs 52 ms
-    # with GLIBC_KEEP).
-    return torch.optim.AdamW(groups, lr=c["lr"], foreach=False)
-
-
-def make_batch(c, gen):
-    import torch
-    B, T = c["batch"], c["seq"]
-    if c["kind"] == "lm":
-        seq = torch.randint(0, c["vocab"], (B, T + 1), generator=gen)
-        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
-    return (torch.randint(0, c["vocab"], (B, T), generator=gen),
-            torch.randint(0, c["classes"], (B,), generator=gen))
-
-
-def gemm_peak_gflops(linear_impl, n=2048, min_seconds=1.0):
-    import torch
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    if linear_impl == "mkldnn":
-        am = a.to_mkldnn()
-        run = lambda: torch._C._nn.mkldnn_linear(am, b, None)  # noqa: E731
-    else:
-        run = lambda: torch.mm(a, b)  # noqa: E731
-    run()
-    best, start = float("inf"), time.perf_counter()
-    while time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best / 1e9
-
-
-def blas_library():
-    with open("/proc/self/maps") as f:
-        libs = {line.split()[-1] for line in f if "blas" in line and line.split()[-1].startswith("/")}
-    return ",".join(sorted(Path(p).parent.name + "/" + Path(p).name for p in libs)) or "none"
 
 
 def run_variant(args, c):
@@ -285,20 +100,7 @@ def child_command(args, variant, steps):
 
 
 def child_env(args, variant):
-    env = dict(os.environ)
-    env.update(VARIANTS[variant]["env"])
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(args.threads)
-    return env
-
-
-def parse_figures(text):
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(": ")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
+    return variant_env(variant, args.threads)
 
 
 def print_table(rows):

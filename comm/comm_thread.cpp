@@ -12,6 +12,8 @@ void WorkState::complete(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu);
     if (done) return;
     done = true;
+    finished_at = std::chrono::steady_clock::now();
+    if (!started) started_at = finished_at;
     error = std::move(e);
   }
   cv.notify_all();
@@ -159,6 +161,7 @@ void CommThread::run_loop(std::shared_ptr<Shared> s) {
     {
       std::lock_guard<std::mutex> lock(work->mu);
       work->started = true;
+      work->started_at = std::chrono::steady_clock::now();
     }
     s->cv.notify_all();  // the watchdog watches the new deadline
     bool timed_out = false;

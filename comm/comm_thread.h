@@ -29,6 +29,8 @@ struct WorkState {
   std::condition_variable cv;
   bool started = false;
   bool done = false;
+  std::chrono::steady_clock::time_point started_at;   // when the comm thread began it
+  std::chrono::steady_clock::time_point finished_at;  // when it completed or failed
   std::exception_ptr error;
 
   // The first completion wins; later ones (a late backend return after the

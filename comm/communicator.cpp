@@ -40,6 +40,19 @@ bool Work::completed() const {
   return state_->done;
 }
 
+bool Work::started() const {
+  if (state_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->started || state_->done;
+}
+
+double Work::run_seconds() const {
+  if (state_ == nullptr) return 0.0;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->done) return 0.0;
+  return std::chrono::duration<double>(state_->finished_at - state_->started_at).count();
+}
+
 std::uint64_t Work::seq() const { return state_ == nullptr ? 0 : state_->op.seq; }
 
 Communicator::Communicator(std::unique_ptr<Backend> backend, CommunicatorOptions options)

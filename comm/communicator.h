@@ -54,7 +54,12 @@ class Work {
   // passes while it is still queued or running (the operation itself goes on).
   void wait(Duration timeout);
   bool completed() const;
+  // Whether the comm thread has begun running it (or it completed).
+  bool started() const;
   std::uint64_t seq() const;
+  // Seconds the comm thread spent on it (0 until it completed).
+  double run_seconds() const;
+  bool valid() const { return state_ != nullptr; }
 
  private:
   std::shared_ptr<WorkState> state_;

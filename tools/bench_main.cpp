@@ -1,5 +1,6 @@
 // dtrain-bench: benchmarks whose figures can be compared (DESIGN.md, "Command lines").
-//   dtrain-bench train --config FILE [--steps N] [--warmup W] [--set a.b=v ...]
+//   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--set a.b=v ...]
+//       (multi-rank under mpirun, srun or dtrain-launch: ZeRO stage parallel.zero_stage)
 //   dtrain-bench allreduce|reduce_scatter|allgather|broadcast --backend auto|gloo|mpi|nccl
 //       [--min-bytes 8] [--max-bytes 64M] [--step-factor 2] [--iters 20] [--warmup 5]
 //       [--dtype f32|bf16|f16] [--op sum|avg|max] [--root R] [--timeout-s S]
@@ -19,10 +20,12 @@ namespace {
 using dtrain::tools::CollectiveBenchOptions;
 
 CLI::App* add_train_command(CLI::App& app, dtrain::tools::TrainBenchOptions& train) {
-  CLI::App* cmd = app.add_subcommand("train", "steady-state training throughput and MFU");
+  CLI::App* cmd = app.add_subcommand("train", "steady-state training throughput and MFU (one or more ranks)");
   cmd->add_option("--config", train.config_path, "training config (JSON)")->required();
   cmd->add_option("--steps", train.steps, "timed steps")->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", train.warmup, "untimed steps first");
+  cmd->add_option("--peak-seconds", train.peak_seconds, "time spent measuring the GEMM peak")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--set", train.overrides, "override a config field")->take_all();
   return cmd;
 }

@@ -3,67 +3,212 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "cluster/environment.h"
+#include "comm/connect.h"
 #include "core/process.h"
 #include "nn/cpu/matmul.h"
 #include "worker/config.h"
 #include "worker/trainer.h"
 
 namespace dtrain::tools {
+namespace {
 
-int run_train_bench(const TrainBenchOptions& options) {
-  config::Config config = worker::load_config(options.config_path, options.overrides);
-  // Enough steps that the schedule never ends inside the measurement.
-  config.mutable_train()->set_steps(options.warmup + options.steps + 1);
-  worker::Trainer trainer(config, {.write_outputs = false, .console = nullptr});
-  const nn::ModelConfig& model = trainer.model();
-  const std::int64_t seq = trainer.seq_len();  // the dataset's, e.g. patches per image
-  const double flops_per_token = model.flops_per_token(seq);
-  const double peak = nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds);
+// This process's place in the job. A single process trains alone (the
+// trainer makes its own world of one); ranks started by mpirun, srun or
+// dtrain-launch connect the configured backend first.
+struct World {
+  cluster::Environment env;
+  comm::OpenedStore store;  // kept for the whole run: rank 0 may host the server
+  std::shared_ptr<comm::Communicator> comm;
+  std::string backend = "none";
+};
 
-  for (int i = 0; i < options.warmup; ++i) trainer.step();
-  const long faults_before = minor_page_faults();
+World join_world(const config::Config& config) {
+  World w;
+  w.env = cluster::detect_environment(cluster::process_environment());
+  if (w.env.world_size <= 1) return w;
+  const comm::Duration timeout = std::chrono::seconds(config.parallel().timeout_s());
+  w.store = comm::open_store(w.env, timeout);
+  comm::ConnectOptions options;
+  options.backend = comm::resolve_backend(config.parallel().backend(), "cpu", w.env);
+  options.timeout = timeout;
+  options.name = "train";
+  options.store = w.store.store;
+  w.backend = options.backend;
+  w.comm = comm::connect(w.env, options);
+  return w;
+}
+
+// What the timed steps measured on this rank (step seconds: the slowest
+// rank's once reduced).
+struct Timing {
   std::vector<double> seconds;
-  for (int i = 0; i < options.steps; ++i) seconds.push_back(trainer.step().seconds);
-  const long faults = minor_page_faults() - faults_before;
+  double comm_seconds = 0.0;     // summed over the timed steps
+  double exposed_seconds = 0.0;
+  double hidden_share = 0.0;     // summed; mean = / steps
+  long faults = 0;
+};
 
+Timing time_steps(worker::Trainer& trainer, const TrainBenchOptions& options) {
+  for (int i = 0; i < options.warmup; ++i) trainer.step();
+  Timing t;
+  const long faults_before = minor_page_faults();
+  for (int i = 0; i < options.steps; ++i) {
+    t.seconds.push_back(trainer.step().seconds);
+    const sharding::CommStats& c = trainer.engine().comm_stats();
+    t.comm_seconds += c.comm_seconds;
+    t.exposed_seconds += c.exposed_seconds;
+    t.hidden_share += c.hidden_share();
+  }
+  t.faults = minor_page_faults() - faults_before;
+  return t;
+}
+
+// A data-parallel step ends when its slowest rank's does; every rank gets
+// that rank's times (the ranks drift apart by a few milliseconds).
+void take_slowest(std::vector<double>& seconds, comm::Communicator* comm) {
+  if (comm == nullptr || comm->world_size() == 1) return;
+  std::vector<float> s(seconds.begin(), seconds.end());
+  comm->allreduce(s.data(), s.size(), DType::f32, comm::ReduceOp::max).wait();
+  std::copy(s.begin(), s.end(), seconds.begin());
+}
+
+std::string reproduce_command(const TrainBenchOptions& o, const World& w) {
+  std::string prefix = fmt::format("OMP_NUM_THREADS={} ", omp_get_max_threads());
+  if (w.env.starter == cluster::Starter::mpirun) {
+    prefix += fmt::format("mpirun -np {} ", w.env.world_size);
+    if (w.env.store) prefix += fmt::format("-x DTRAIN_STORE={} ", *w.env.store);
+  } else if (w.env.starter == cluster::Starter::slurm) {
+    prefix += fmt::format("srun -n {} ", w.env.world_size);
+  } else if (w.env.starter == cluster::Starter::launcher) {
+    prefix += fmt::format("dtrain-launch --nnodes {} --nproc-per-node {} -- ",
+                          w.env.world_size / std::max(w.env.local_world_size, 1),
+                          w.env.local_world_size);
+  }
+  std::string cmd = fmt::format("{}dtrain-bench train --config {} --steps {}", prefix,
+                                o.config_path, o.steps);
+  for (const std::string& s : o.overrides) cmd += " --set " + s;
+  return cmd;
+}
+
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// The data-parallel figures (added after the single-process ones).
+void print_parallel_lines(worker::Trainer& trainer, const World& w, const Timing& t,
+                          double per_rank_tokens_per_s) {
+  const sharding::MemoryStats& m = trainer.engine().memory();
+  const double steps = static_cast<double>(t.seconds.size());
+  std::cout << fmt::format("world_size: {}\n", w.env.world_size);
+  std::cout << fmt::format("backend: {}\n", w.backend);
+  std::cout << fmt::format("zero_stage: {}\n", trainer.engine().stage());
+  std::cout << fmt::format("tokens_per_s_per_rank: {:.1f}\n", per_rank_tokens_per_s);
+  std::cout << fmt::format("comm_ms_per_step: {:.3f}\n", 1e3 * t.comm_seconds / steps);
+  std::cout << fmt::format("exposed_comm_ms_per_step: {:.3f}\n", 1e3 * t.exposed_seconds / steps);
+  std::cout << fmt::format("comm_hidden_share: {:.3f}\n", t.hidden_share / steps);
+  std::cout << fmt::format("param_count: {}\n", trainer.layout().total_numel());
+  std::cout << fmt::format("param_mb: {:.3f}\n", mib(m.param_bytes));
+  std::cout << fmt::format("grad_mb: {:.3f}\n", mib(m.grad_bytes));
+  std::cout << fmt::format("optimizer_mb: {:.3f}\n", mib(m.optimizer_bytes));
+  std::cout << fmt::format("working_mb: {:.3f}\n", mib(m.working_bytes));
+  std::cout << fmt::format("model_state_mb: {:.3f}\n", mib(m.model_state_bytes()));
+  std::cout << fmt::format("model_state_bytes: {}\n", m.model_state_bytes());
+  std::cout << fmt::format("working_bytes: {}\n", m.working_bytes);
+}
+
+// The step-time figures of the timed steps, over all ranks.
+struct Throughput {
+  int ranks = 1;
+  double tokens = 0.0;        // per step, all ranks
+  double mean_s = 0.0, median_s = 0.0, best_s = 0.0;
+  double tokens_per_s = 0.0;  // from the mean step, all ranks
+  double gflops = 0.0;
+  double mfu = 0.0;           // per rank, against each rank's own GEMM peak
+};
+
+Throughput summarise(std::vector<double> seconds, double tokens, int ranks,
+                     double flops_per_token, double peak) {
+  Throughput r;
+  r.ranks = ranks;
+  r.tokens = tokens;
   double total = 0.0;
   for (double s : seconds) total += s;
   std::sort(seconds.begin(), seconds.end());
-  const double mean_s = total / static_cast<double>(seconds.size());
-  const double median_s = seconds[seconds.size() / 2];
-  const auto tokens = static_cast<double>(trainer.tokens_per_step());
-  const double tokens_per_s = tokens / mean_s;
-  const double gflops = flops_per_token * tokens_per_s / 1e9;
-  const double mfu = gflops / peak;
+  r.mean_s = total / static_cast<double>(seconds.size());
+  r.median_s = seconds[seconds.size() / 2];
+  r.best_s = seconds.front();
+  r.tokens_per_s = tokens / r.mean_s;
+  r.gflops = flops_per_token * r.tokens_per_s / 1e9;
+  r.mfu = r.gflops / (peak * ranks);
+  return r;
+}
 
+void print_throughput(const TrainBenchOptions& o, const config::Config& config,
+                      worker::Trainer& trainer, const World& w, const Throughput& r) {
+  const nn::ModelConfig& model = trainer.model();
+  const double flops_per_token = model.flops_per_token(trainer.seq_len());
   std::cout << fmt::format(
       "dtrain-bench train: {} ({} model, {:.2f}M matmul params, {:.1f} MFLOP/token, "
       "micro-batch {} x {} tokens, {} thread(s))\n",
-      options.config_path, config.model().kind(), static_cast<double>(model.matmul_params()) / 1e6,
-      flops_per_token / 1e6, config.train().micro_batch_size(), seq, omp_get_max_threads());
+      o.config_path, config.model().kind(), static_cast<double>(model.matmul_params()) / 1e6,
+      flops_per_token / 1e6, config.train().micro_batch_size(), trainer.seq_len(),
+      omp_get_max_threads());
+  if (r.ranks > 1) {
+    std::cout << fmt::format("{} ranks ({}), backend {}, ZeRO stage {}; tokens count all "
+                             "ranks, mfu is per rank\n",
+                             r.ranks, cluster::starter_name(w.env.starter), w.backend,
+                             trainer.engine().stage());
+  }
   std::cout << fmt::format("{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>7}\n", "steps",
                            "tokens/step", "mean ms", "median ms", "best ms", "tokens/s",
                            "GFLOP/s", "mfu");
   std::cout << fmt::format("{:>6} {:>12.0f} {:>12.2f} {:>12.2f} {:>12.2f} {:>10.0f} {:>10.1f} "
                            "{:>7.3f}\n",
-                           options.steps, tokens, 1e3 * mean_s, 1e3 * median_s,
-                           1e3 * seconds.front(), tokens_per_s, gflops, mfu);
-  std::cout << fmt::format("tokens_per_s: {:.1f}\n", tokens_per_s);
-  std::cout << fmt::format("step_ms: {:.3f}\n", 1e3 * mean_s);
-  std::cout << fmt::format("mfu: {:.4f}\n", mfu);
-  std::cout << fmt::format("achieved_gflops: {:.2f}\n", gflops);
+                           o.steps, r.tokens, 1e3 * r.mean_s, 1e3 * r.median_s, 1e3 * r.best_s,
+                           r.tokens_per_s, r.gflops, r.mfu);
+  std::cout << fmt::format("tokens_per_s: {:.1f}\n", r.tokens_per_s);
+  std::cout << fmt::format("step_ms: {:.3f}\n", 1e3 * r.mean_s);
+  std::cout << fmt::format("mfu: {:.4f}\n", r.mfu);
+  std::cout << fmt::format("achieved_gflops: {:.2f}\n", r.gflops);
+}
+
+}  // namespace
+
+int run_train_bench(const TrainBenchOptions& options) {
+  config::Config config = worker::load_config(options.config_path, options.overrides);
+  // Enough steps that the schedule never ends inside the measurement.
+  config.mutable_train()->set_steps(options.warmup + options.steps + 1);
+  const World world = join_world(config);
+  worker::Trainer trainer(config, {.write_outputs = false, .console = nullptr,
+                                   .comm = world.comm});
+  // The dataset's sequence length (e.g. patches per image), not the config's.
+  const double flops_per_token = trainer.model().flops_per_token(trainer.seq_len());
+  const double peak = nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds);
+
+  Timing t = time_steps(trainer, options);
+  take_slowest(t.seconds, world.comm.get());
+  if (world.env.rank != 0) return 0;
+  const int ranks = world.env.world_size;
+  // tokens_per_step() counts this rank's micro-batches; every rank trains its own.
+  const double tokens = static_cast<double>(trainer.tokens_per_step()) * ranks;
+  const Throughput r = summarise(t.seconds, tokens, ranks, flops_per_token, peak);
+
+  print_throughput(options, config, trainer, world, r);
   std::cout << fmt::format("gemm_peak_gflops: {:.2f}\n", peak);
   std::cout << fmt::format("flops_per_token: {:.0f}\n", flops_per_token);
   std::cout << fmt::format("page_faults_per_step: {:.1f}\n",
-                           static_cast<double>(faults) / options.steps);
+                           static_cast<double>(t.faults) / options.steps);
   std::cout << fmt::format("peak_rss_mb: {:.1f}\n", peak_rss_mb());
   std::cout << fmt::format("threads: {}\n", omp_get_max_threads());
-  std::cout << fmt::format("command: OMP_NUM_THREADS={} dtrain-bench train --config {} --steps {}\n",
-                           omp_get_max_threads(), options.config_path, options.steps);
+  print_parallel_lines(trainer, world, t, r.tokens_per_s / ranks);
+  std::cout << "command: " << reproduce_command(options, world) << "\n" << std::flush;
   return 0;
 }
 

@@ -1,4 +1,7 @@
-// `dtrain-bench train`: steady-state training throughput of one process.
+// `dtrain-bench train`: steady-state training throughput of one process, or
+// of a data-parallel job (started by mpirun, srun or dtrain-launch) over the
+// configured backend and ZeRO stage: tokens/s of all ranks, communication
+// hidden behind backward, and each rank's model-state memory.
 #pragma once
 
 #include <string>
@@ -14,7 +17,8 @@ struct TrainBenchOptions {
   double peak_seconds = 1.0;  // time spent measuring the GEMM peak
 };
 
-// Prints a table, then `name: value` lines. Returns the process exit code.
+// Prints (rank 0 only) a table, then `name: value` lines. Returns the
+// process exit code. Every rank of a job calls it.
 int run_train_bench(const TrainBenchOptions& options);
 
 }  // namespace dtrain::tools

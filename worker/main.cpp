@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cluster/environment.h"
+#include "comm/connect.h"
 #include "core/error.h"
 #include "core/process.h"
 #include "worker/config.h"
@@ -41,12 +43,36 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     const dtrain::config::Config config = dtrain::worker::load_config(config_path, overrides);
-    std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}\n",
-                             config.model().kind(), config.train().steps(),
-                             config.train().out_dir());
-    dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout});
-    print_summary(trainer.run());
+    // Who this process is (dtrain-launch, mpirun, srun or alone), the run's
+    // store and the communicator; a failed collective leaves a comm thread
+    // that may never return, so errors end the process with _Exit below.
+    const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
+    const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
+    dtrain::comm::OpenedStore store = dtrain::comm::open_store(env, timeout);
+    dtrain::comm::ConnectOptions connect;
+    connect.backend = config.parallel().backend();
+    connect.device = config.device();
+    connect.timeout = timeout;
+    connect.store = store.store;
+    std::shared_ptr<dtrain::comm::Communicator> comm = dtrain::comm::connect(env, connect);
+    const bool rank0 = comm->rank() == 0;
+    if (rank0) {
+      std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
+                               "ZeRO stage {}\n",
+                               config.model().kind(), config.train().steps(), config.train().out_dir(),
+                               env.world_size, dtrain::cluster::starter_name(env.starter), comm->backend_name(),
+                               config.parallel().zero_stage());
+    }
+    dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm});
+    const dtrain::worker::TrainSummary summary = trainer.run();
+    if (rank0) print_summary(summary);
     return 0;
+  } catch (const dtrain::TimeoutError& e) {
+    std::cerr << "dtrain-worker: error: " << e.what() << std::endl;
+    std::_Exit(2);  // the comm thread may be stuck inside a library call
+  } catch (const dtrain::CommError& e) {
+    std::cerr << "dtrain-worker: error: " << e.what() << std::endl;
+    std::_Exit(2);  // the comm thread may be stuck inside a library call
   } catch (const dtrain::Error& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << "\n";
     return 2;

@@ -6,6 +6,8 @@
 #include <ostream>
 
 #include "core/error.h"
+#include "comm/connect.h"
+#include "comm/memory_store.h"
 #include "data/datasets.h"
 #include "nn/adamw.h"
 #include "worker/config.h"
@@ -45,6 +47,15 @@ std::string format_duration(double seconds) {
   if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
   if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
   return fmt::format("{}s", s);
+}
+
+// A world of one for a trainer started without a communicator.
+std::shared_ptr<comm::Communicator> single_process_communicator() {
+  auto store = std::make_shared<comm::MemoryStore>();
+  comm::CommunicatorOptions options;
+  options.name = "single";
+  return std::make_shared<comm::Communicator>(
+      comm::make_gloo_backend(0, 1, store, std::chrono::seconds(60), "127.0.0.1"), options);
 }
 
 }  // namespace
@@ -88,13 +99,21 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
                                   seq, model_config_.max_seq_len));
   }
   layout_ = nn::declare_parameters(model_config_);
-  store_ = std::make_unique<nn::ParameterStore>(layout_, t.seed());
+  comm_ = options_.comm ? options_.comm : single_process_communicator();
+  sharding::EngineOptions eo;
+  eo.stage = config_.parallel().zero_stage();
+  eo.bucket_mb = config_.parallel().bucket_mb();
+  eo.tied_embeddings = model_config_.tie_embeddings;
+  eo.seed = t.seed();
+  engine_ = std::make_unique<sharding::Engine>(layout_, *comm_, eo);
   model_ = std::make_unique<nn::Transformer>(model_config_, layout_, t.micro_batch_size(), seq);
-  model_->bind(store_->pointers());
+  model_->bind(engine_->pointers());
 
   data::LoaderOptions lo;
   lo.name = "train";
   lo.micro_batch = t.micro_batch_size();
+  lo.rank = comm_->rank();
+  lo.world = comm_->world_size();
   lo.seed = t.seed();
   lo.shuffle = config_.data().shuffle();
   lo.prefetch = config_.data().prefetch();
@@ -107,7 +126,8 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   schedule_ = nn::LrSchedule{config_.optimizer().lr(), config_.schedule().warmup_steps(),
                              t.steps(), parse_decay(config_.schedule().decay()),
                              config_.schedule().min_lr_ratio()};
-  if (options_.write_outputs) {
+  if (!is_rank0()) options_.console = nullptr;
+  if (options_.write_outputs && is_rank0()) {
     const std::filesystem::path out_dir = t.out_dir();
     if (std::filesystem::exists(out_dir / "metrics.jsonl")) {
       throw ConfigError("train.out_dir",
@@ -128,7 +148,7 @@ Trainer::~Trainer() = default;
 
 std::int64_t Trainer::tokens_per_step() const {
   return static_cast<std::int64_t>(config_.train().grad_accum_steps()) * model_->batch() *
-         model_->seq_len();
+         model_->seq_len() * comm_->world_size();
 }
 
 StepResult Trainer::step() {
@@ -136,34 +156,34 @@ StepResult Trainer::step() {
   const config::Train& t = config_.train();
   const int accum = t.grad_accum_steps();
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
-  nn::BlockHooks hooks;  // no-ops: a single process owns all of its parameters
-  store_->zero_grads();
-  double loss_sum = 0.0;
+  engine_->begin_step();
+  float loss_sum = 0.0f;
   for (int micro = 0; micro < accum; ++micro) {
     const data::Batch& batch = train_loader_->next(timeout);
     const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(),
                                  batch.targets.data()};
+    engine_->set_sync(micro == accum - 1);  // accumulate locally, communicate once
     const nn::ForwardResult fwd =
-        model_->forward(inputs, hooks, true, nn::StepKey{t.seed(), step_, micro});
-    model_->backward(hooks, 1.0f / static_cast<float>(accum));
-    loss_sum += fwd.loss;
+        model_->forward(inputs, *engine_, true, nn::StepKey{t.seed(), step_, micro});
+    model_->backward(*engine_, 1.0f / static_cast<float>(accum));
+    loss_sum += static_cast<float>(fwd.loss);
   }
-  std::span<float> grads = store_->grads();
-  const double norm = std::sqrt(nn::sum_of_squares(grads.data(), static_cast<std::int64_t>(grads.size())));
+  engine_->finish_backward();
+  const double norm = engine_->grad_norm();
   const config::Optimizer& o = config_.optimizer();
   const float clip = nn::clip_factor(norm, o.grad_clip());
   const float lr = schedule_.at(step_);
   const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
-  nn::adamw_step(layout_, store_->params(), grads, store_->exp_avg(), store_->exp_avg_sq(), hyper,
-                 step_ + 1, clip);
+  engine_->step(hyper, step_ + 1, clip);
+  // The loss of the whole global batch: the mean over ranks.
+  float loss = loss_sum / static_cast<float>(accum);
+  if (comm_->world_size() > 1) comm_->allreduce(&loss, 1, DType::f32, comm::ReduceOp::avg).wait();
   ++step_;
-  return StepResult{step_, static_cast<float>(loss_sum / accum), lr, static_cast<float>(norm),
-                    seconds_since(t0)};
+  return StepResult{step_, loss, lr, static_cast<float>(norm), seconds_since(t0)};
 }
 
 EvalResult Trainer::evaluate() {
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
-  nn::BlockHooks hooks;
   val_loader_->reset(0);
   double loss_sum = 0.0;
   std::int64_t correct = 0, count = 0;
@@ -172,10 +192,17 @@ EvalResult Trainer::evaluate() {
     const data::Batch& batch = val_loader_->next(timeout);
     const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(),
                                  batch.targets.data()};
-    const nn::ForwardResult r = model_->forward(inputs, hooks, false, nn::StepKey{});
+    const nn::ForwardResult r = model_->forward(inputs, *engine_, false, nn::StepKey{});
     loss_sum += r.loss;
     correct += r.correct;
     count += r.count;
+  }
+  if (comm_->world_size() > 1) {  // every rank evaluated its slice of each batch
+    float totals[3] = {static_cast<float>(loss_sum), static_cast<float>(correct), static_cast<float>(count)};
+    comm_->allreduce(totals, 3, DType::f32, comm::ReduceOp::sum).wait();
+    loss_sum = totals[0] / static_cast<float>(comm_->world_size());
+    correct = static_cast<std::int64_t>(totals[1]);
+    count = static_cast<std::int64_t>(totals[2]);
   }
   EvalResult e;
   e.loss = loss_sum / batches;

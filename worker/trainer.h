@@ -11,17 +11,22 @@
 #include <memory>
 #include <optional>
 
+#include "comm/communicator.h"
 #include "data/loader.h"
 #include "nn/schedule.h"
 #include "nn/transformer.h"
 #include "proto/config.pb.h"
+#include "sharding/engine.h"
 #include "worker/metrics.h"
 
 namespace dtrain::worker {
 
 struct TrainerOptions {
-  bool write_outputs = true;    // out_dir/config.json and metrics.jsonl
-  std::ostream* console = nullptr;  // progress lines; null = silent
+  bool write_outputs = true;    // out_dir/config.json and metrics.jsonl (rank 0 only)
+  std::ostream* console = nullptr;  // progress lines (rank 0 only); null = silent
+  // The ranks this trainer trains with; null: a single process (the trainer
+  // makes a world of one). Must outlive the Trainer.
+  std::shared_ptr<comm::Communicator> comm;
 };
 
 struct StepResult {
@@ -65,7 +70,9 @@ class Trainer {
 
   const nn::ModelConfig& model() const { return model_config_; }
   const nn::ParameterLayout& layout() const { return layout_; }
-  nn::ParameterStore& parameters() { return *store_; }
+  sharding::Engine& engine() { return *engine_; }
+  comm::Communicator& communicator() { return *comm_; }
+  // Tokens of one optimizer step over all ranks.
   std::int64_t tokens_per_step() const;
   std::int64_t seq_len() const { return model_->seq_len(); }
   std::int64_t steps_done() const { return step_; }
@@ -73,12 +80,14 @@ class Trainer {
  private:
   void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed);
   void log_eval(const EvalResult& e);
+  bool is_rank0() const { return comm_->rank() == 0; }
 
   config::Config config_;
   TrainerOptions options_;
   nn::ModelConfig model_config_;
   nn::ParameterLayout layout_;
-  std::unique_ptr<nn::ParameterStore> store_;
+  std::shared_ptr<comm::Communicator> comm_;
+  std::unique_ptr<sharding::Engine> engine_;
   std::unique_ptr<nn::Transformer> model_;
   std::unique_ptr<data::Loader> train_loader_;
   std::unique_ptr<data::Loader> val_loader_;

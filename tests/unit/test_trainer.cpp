@@ -23,7 +23,7 @@ config::Config tiny_classifier(const std::vector<std::string>& overrides = {}) {
 }
 
 TEST(Trainer, ClassifierReaches99PercentOnTheSyntheticTask) {
-  Trainer trainer(tiny_classifier(), {.write_outputs = false, .console = nullptr});
+  Trainer trainer(tiny_classifier(), {.write_outputs = false, .console = nullptr, .comm = nullptr});
   for (int i = 0; i < 800; ++i) trainer.step();
   const EvalResult e = trainer.evaluate();
   ASSERT_TRUE(e.accuracy.has_value());
@@ -33,17 +33,17 @@ TEST(Trainer, ClassifierReaches99PercentOnTheSyntheticTask) {
 // k micro-batches of B equal one batch of k*B: same samples, same update.
 TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
   Trainer big(tiny_classifier({"train.micro_batch_size=8", "train.grad_accum_steps=1"}),
-              {.write_outputs = false, .console = nullptr});
+              {.write_outputs = false, .console = nullptr, .comm = nullptr});
   Trainer accum(tiny_classifier({"train.micro_batch_size=4", "train.grad_accum_steps=2"}),
-                {.write_outputs = false, .console = nullptr});
+                {.write_outputs = false, .console = nullptr, .comm = nullptr});
   for (int i = 0; i < 3; ++i) {
     const StepResult a = big.step();
     const StepResult b = accum.step();
     EXPECT_NEAR(a.loss, b.loss, 1e-5f * std::abs(a.loss));
     EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-4f * a.grad_norm);
   }
-  const auto pa = big.parameters().params();
-  const auto pb = accum.parameters().params();
+  const auto pa = big.engine().gather_parameters();
+  const auto pb = accum.engine().gather_parameters();
   ASSERT_EQ(pa.size(), pb.size());
   double max_diff = 0.0;
   for (std::size_t i = 0; i < pa.size(); ++i) {
@@ -64,7 +64,7 @@ TEST(Trainer, SteadyStateStepsTouchNoFreshMemory) {
         "data": {"kind": "synthetic", "seq_len": 64},
         "train": {"steps": 100, "micro_batch_size": 8, "grad_accum_steps": 2}
       })"),
-      {.write_outputs = false, .console = nullptr});
+      {.write_outputs = false, .console = nullptr, .comm = nullptr});
   for (int i = 0; i < 3; ++i) trainer.step();
   const long before = minor_page_faults();
   for (int i = 0; i < 10; ++i) trainer.step();

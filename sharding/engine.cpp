@@ -1,0 +1,78 @@
+#include "sharding/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "sharding/engine_state.h"
+
+namespace dtrain::sharding {
+
+using Clock = std::chrono::steady_clock;
+
+Engine::Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options)
+    : layout_(layout), comm_(comm), options_(options) {
+  if (options.stage < 0 || options.stage > 3) {
+    throw ConfigError("parallel.zero_stage", fmt::format("{} is not a ZeRO stage (0, 1, 2 or 3)", options.stage));
+  }
+  impl_ = std::make_unique<Impl>(layout, comm, options);
+  memory_ = impl_->memory();
+  impl_->initialise_parameters(options.seed);
+}
+
+Engine::~Engine() {
+  // Collectives still in flight write into our buffers: let them finish.
+  try {
+    impl_->wait_all();
+  } catch (const std::exception&) {  // the error was reported where it was waited for
+  }
+}
+
+nn::BlockPointers Engine::pointers() const { return impl_->pointers(); }
+
+void Engine::begin_step() {
+  impl_->zero_gradients();
+  comm_stats_ = CommStats{};
+  sync_ = true;
+}
+
+void Engine::before_forward(int block) {
+  if (options_.stage == 3) impl_->gather_for(block, +1);
+  if (block == 0) impl_->start_micro_batch();
+}
+
+void Engine::after_forward(int /*block*/) {}
+
+void Engine::before_backward(int block) {
+  if (options_.stage == 3) impl_->gather_for(block, -1);
+  if (options_.stage >= 2) impl_->prepare_gradient_slot(block);
+}
+
+void Engine::after_backward(int block) {
+  if (block == 0 && sync_ && !comm_stats_.overlapped) comm_stats_.overlapped = impl_->first_collective_started();
+  if (options_.stage >= 2) {
+    impl_->reduce_scatter_block(block);
+  } else if (sync_) {
+    impl_->reduce_bucket_ending_at(block);
+  }
+}
+
+void Engine::finish_backward() {
+  const auto t0 = Clock::now();
+  impl_->wait_gradients();
+  comm_stats_.exposed_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  comm_stats_.comm_seconds = impl_->take_gradient_comm_seconds();
+}
+
+double Engine::grad_norm() { return std::sqrt(impl_->grad_sum_of_squares()); }
+
+void Engine::step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
+  impl_->optimizer_step(hyper, step, grad_scale);
+}
+
+std::vector<float> Engine::gather_parameters() { return impl_->gather_parameters(); }
+
+}  // namespace dtrain::sharding

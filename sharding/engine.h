@@ -1,0 +1,119 @@
+// sharding::Engine: the data-parallel engine (DESIGN.md, "Core abstractions").
+// It owns the parameters, gradients and AdamW state of one rank for a ZeRO
+// stage, hands the model per-block views (pointers()), and acts on the
+// model's block hooks:
+//   stage 0 (DDP)  full params, grads, moments; buckets of consecutive blocks
+//                  (backward order, up to bucket_mb) are all-reduced (avg) as
+//                  soon as their last block's backward ends.
+//   stage 1        moments only for the owned slice; per-block gradients are
+//                  reduce-scattered (avg) per bucket, the owned slices updated,
+//                  and the updated parameters all-gathered.
+//   stage 2        as 1, and full-size gradients exist only transiently: two
+//                  rotating block buffers, reduce-scattered into a gradient
+//                  shard after every micro-batch.
+//   stage 3        as 2, and parameters are sharded too: a block is gathered
+//                  before its forward and its backward (the next block is
+//                  prefetched while this one computes) and released after.
+// Gradient accumulation: set_sync(false) for all micro-batches but the last
+// (stages 0 and 1 then communicate once, after the last; stages 2 and 3
+// reduce-scatter every micro-batch into the shard).
+//
+// Threading: one training thread calls everything; collectives run on the
+// communicator's comm thread. The communicator must outlive the engine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/aligned_buffer.h"
+#include "nn/adamw.h"
+#include "nn/hooks.h"
+#include "nn/parameters.h"
+#include "sharding/shard_math.h"
+
+namespace dtrain::sharding {
+
+struct EngineOptions {
+  int stage = 0;                  // parallel.zero_stage
+  double bucket_mb = 25.0;        // parallel.bucket_mb
+  bool tied_embeddings = false;   // the head reads block 0 (it must stay gathered in stage 3)
+  std::uint64_t seed = 0;         // parameter initialisation
+};
+
+// Bytes this rank holds, by kind (what the ZeRO paper counts as model states,
+// plus the working buffers it needs on top).
+struct MemoryStats {
+  std::int64_t param_bytes = 0;      // parameters kept across steps (full or shard)
+  std::int64_t grad_bytes = 0;       // gradients kept across steps (full or shard)
+  std::int64_t optimizer_bytes = 0;  // AdamW moments
+  std::int64_t working_bytes = 0;    // transient block buffers (gathers, gradient slots)
+  std::int64_t model_state_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
+};
+
+// Communication of the last step, for benchmarks and tests.
+struct CommStats {
+  double comm_seconds = 0.0;         // time the gradient collectives ran on the comm thread
+  double exposed_seconds = 0.0;      // time the training thread waited for them after backward
+  bool overlapped = false;           // the first bucket's collective started before backward ended
+  // Share of gradient communication hidden behind backward: 1 - exposed/comm.
+  double hidden_share() const {
+    return comm_seconds > 0.0 ? std::max(0.0, 1.0 - exposed_seconds / comm_seconds) : 1.0;
+  }
+};
+
+class Engine : public nn::BlockHooks {
+ public:
+  // Allocates this rank's buffers, initialises the parameters (identically on
+  // every rank: init depends on (seed, parameter index) only), then checks
+  // every rank holds the same parameters (a checksum all-gather; stage 0-2
+  // broadcast from rank 0 first).
+  Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options);
+  ~Engine() override;
+
+  // What the model binds to: per-block parameter and gradient pointers. Valid
+  // for the engine's lifetime (stage 3 points into rotating gather buffers
+  // that hold the block while its hooks say so).
+  nn::BlockPointers pointers() const;
+
+  // Starts an optimizer step: clears gradients.
+  void begin_step();
+  // Whether the coming micro-batch's backward communicates (the last one does).
+  void set_sync(bool sync) { sync_ = sync; }
+
+  void before_forward(int block) override;
+  void after_forward(int block) override;
+  void before_backward(int block) override;
+  void after_backward(int block) override;
+
+  // Waits for every gradient collective of the step; gradients are then
+  // averaged over ranks (full on stage 0, the owned slices otherwise).
+  void finish_backward();
+  // Global L2 norm of the averaged gradients (identical on every rank).
+  double grad_norm();
+  // AdamW on the owned parameters with the clipping factor fused; then the
+  // parameters every rank needs are made whole again (all-gather, stage 1-2).
+  void step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
+
+  // Every parameter, gathered, in layout order without padding (all ranks
+  // take part). For tests, checkpoints and exports.
+  std::vector<float> gather_parameters();
+
+  int stage() const { return options_.stage; }
+  const MemoryStats& memory() const { return memory_; }
+  const CommStats& comm_stats() const { return comm_stats_; }
+  comm::Communicator& communicator() { return comm_; }
+
+ private:
+  struct Impl;
+  const nn::ParameterLayout& layout_;
+  comm::Communicator& comm_;
+  EngineOptions options_;
+  bool sync_ = true;
+  MemoryStats memory_;
+  CommStats comm_stats_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::sharding

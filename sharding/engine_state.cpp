@@ -1,0 +1,185 @@
+// Buffers, initialisation and the stage-3 parameter gathers of the engine.
+#include "sharding/engine_state.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace dtrain::sharding {
+namespace {
+
+constexpr std::size_t as_size(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+// FNV-1a over the bytes of a float range: cheap, order-sensitive, exact.
+std::uint64_t fnv1a(const float* data, std::int64_t n, std::uint64_t h) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < as_size(n) * sizeof(float); ++i) {
+    h ^= bytes[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
+
+}  // namespace
+
+Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options)
+    : layout_(layout),
+      comm_(comm),
+      options_(options),
+      world_(comm.world_size()),
+      rank_(comm.rank()),
+      blocks_(layout.num_blocks()),
+      tied_(options.tied_embeddings) {
+  std::int64_t full = 0, sharded = 0;
+  for (int b = 0; b < blocks_; ++b) {
+    const std::int64_t n = layout.blocks()[as_size(b)].numel;
+    numel_.push_back(n);
+    shard_.push_back(shard_size(n, world_));
+    full_offset_.push_back(full);
+    shard_offset_.push_back(sharded);
+    full += padded_size(n, world_);
+    sharded += shard_size(n, world_);
+    max_padded_ = std::max(max_padded_, padded_size(n, world_));
+  }
+  const int stage = options.stage;
+  params_ = AlignedBuffer<float>(as_size(stage == 3 ? sharded : full));
+  grads_ = AlignedBuffer<float>(as_size(stage >= 2 ? sharded : full));
+  exp_avg_ = AlignedBuffer<float>(as_size(stage == 0 ? full : sharded));
+  exp_avg_sq_ = AlignedBuffer<float>(as_size(stage == 0 ? full : sharded));
+  if (stage >= 2) {
+    for (auto& s : grad_slot_) s = AlignedBuffer<float>(as_size(max_padded_));
+    if (tied_) grad_block0_ = AlignedBuffer<float>(as_size(padded_size(numel_[0], world_)));
+  }
+  if (stage == 3) {
+    for (auto& s : gather_) s = AlignedBuffer<float>(as_size(max_padded_));
+    if (tied_) gather_block0_ = AlignedBuffer<float>(as_size(padded_size(numel_[0], world_)));
+  }
+  // Buckets of consecutive blocks in backward order, up to bucket_mb each.
+  bucket_of_.assign(as_size(blocks_), 0);
+  const double limit = options.bucket_mb * 1024.0 * 1024.0;
+  double bytes = 0.0;
+  for (int b = blocks_ - 1; b >= 0; --b) {
+    const double block_bytes = 4.0 * static_cast<double>(padded_size(numel_[as_size(b)], world_));
+    if (buckets_.empty() || (bytes > 0.0 && bytes + block_bytes > limit)) {
+      buckets_.push_back(Bucket{b, b});
+      bytes = 0.0;
+    }
+    buckets_.back().lo = b;
+    bytes += block_bytes;
+    bucket_of_[as_size(b)] = static_cast<int>(buckets_.size()) - 1;
+  }
+}
+
+MemoryStats Engine::Impl::memory() const {
+  MemoryStats m;
+  m.param_bytes = static_cast<std::int64_t>(params_.size() * sizeof(float));
+  m.grad_bytes = static_cast<std::int64_t>(grads_.size() * sizeof(float));
+  m.optimizer_bytes = static_cast<std::int64_t>((exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float));
+  std::size_t working = gather_block0_.size() + grad_block0_.size();
+  for (int i = 0; i < 2; ++i) working += gather_[i].size() + grad_slot_[i].size();
+  m.working_bytes = static_cast<std::int64_t>(working * sizeof(float));
+  return m;
+}
+
+float* Engine::Impl::gather_buffer(int b) {
+  if (tied_ && b == 0) return gather_block0_.data();
+  return gather_[b % 2].data();
+}
+
+float* Engine::Impl::gradient_buffer(int b) {
+  if (tied_ && b == 0) return grad_block0_.data();
+  return grad_slot_[b % 2].data();
+}
+
+Engine::Impl::Slot& Engine::Impl::gradient_slot(int b) {
+  return tied_ && b == 0 ? grad0_slot_ : grad_slots_[b % 2];
+}
+
+nn::BlockPointers Engine::Impl::pointers() const {
+  auto* self = const_cast<Impl*>(this);
+  nn::BlockPointers p;
+  for (int b = 0; b < blocks_; ++b) {
+    p.params.push_back(options_.stage == 3 ? self->gather_buffer(b) : self->full_params(b));
+    p.grads.push_back(options_.stage >= 2 ? self->gradient_buffer(b) : self->full_grads(b));
+  }
+  return p;
+}
+
+// Every rank initialises identically (values depend on seed and parameter
+// index only); stages 0-2 still broadcast rank 0's parameters, and every
+// stage compares checksums so a divergent rank is caught before step 1.
+void Engine::Impl::initialise_parameters(std::uint64_t seed) {
+  const auto& specs = layout_.params();
+  std::uint64_t checksum = kFnvBasis;
+  AlignedBuffer<float> scratch(options_.stage == 3 ? as_size(max_padded_) : 0);
+  for (int b = 0; b < blocks_; ++b) {
+    float* block = options_.stage == 3 ? scratch.data() : full_params(b);
+    const auto& spec = layout_.blocks()[as_size(b)];
+    for (int i = spec.first_param; i < spec.first_param + spec.num_params; ++i) {
+      nn::init_parameter(specs[as_size(i)], i, seed, block + specs[as_size(i)].offset);
+    }
+    if (options_.stage == 3) {
+      const Range own = owned_elements(numel_[as_size(b)], world_, rank_);
+      std::memcpy(params_.data() + shard_offset_[as_size(b)], block + own.offset, as_size(own.size) * sizeof(float));
+      checksum = fnv1a(block, numel_[as_size(b)], checksum);
+    }
+  }
+  if (options_.stage < 3) {
+    comm_.broadcast(params_.data(), params_.size(), DType::f32, 0).wait();
+    checksum = fnv1a(params_.data(), static_cast<std::int64_t>(params_.size()), checksum);
+  }
+  check_identical(checksum);
+}
+
+void Engine::Impl::check_identical(std::uint64_t checksum) {
+  std::vector<std::uint64_t> all(as_size(world_));
+  comm_.allgather(&checksum, all.data(), 2, DType::i32).wait();
+  for (int r = 0; r < world_; ++r) {
+    if (all[as_size(r)] != all[0]) {
+      throw CommError(fmt::format(
+          "rank {}'s initial parameters differ from rank 0's (checksum {:016x} vs {:016x}): every rank "
+          "must run the same dtrain build with the same model config and seed",
+          r, all[as_size(r)], all[0]));
+    }
+  }
+}
+
+void Engine::Impl::launch_gather(int b) {
+  Slot& slot = tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2];
+  if (slot.block == b) return;  // already there or on its way
+  slot.block = b;
+  slot.work = comm_.allgather(params_.data() + shard_offset_[as_size(b)], gather_buffer(b),
+                              as_size(shard_[as_size(b)]), DType::f32);
+}
+
+void Engine::Impl::gather_for(int b, int direction) {
+  launch_gather(b);
+  const int next = b + direction;
+  if (next >= 0 && next < blocks_) launch_gather(next);  // overlaps block b's compute
+  Slot& slot = tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2];
+  slot.work.wait();
+}
+
+std::vector<float> Engine::Impl::gather_parameters() {
+  std::vector<float> out(as_size(layout_.total_numel()));
+  std::int64_t at = 0;
+  for (int b = 0; b < blocks_; ++b) {
+    const float* block = nullptr;
+    if (options_.stage == 3) {
+      launch_gather(b);
+      (tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2]).work.wait();
+      block = gather_buffer(b);
+    } else {
+      block = full_params(b);
+    }
+    std::memcpy(out.data() + at, block, as_size(numel_[as_size(b)]) * sizeof(float));
+    at += numel_[as_size(b)];
+  }
+  return out;
+}
+
+}  // namespace dtrain::sharding

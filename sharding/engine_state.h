@@ -1,0 +1,97 @@
+// The buffers and bookkeeping behind sharding::Engine (engine.h says what
+// each stage keeps). Private to sharding/.
+//
+// Memory per stage (B = padded blocks back to back, S = this rank's slices):
+//   stage 0  params B, grads B, moments 2B
+//   stage 1  params B, grads B, moments 2S
+//   stage 2  params B, grads S (+ 2 gradient slots of the largest block), moments 2S
+//   stage 3  params S (+ 2 gather slots), grads S (+ 2 gradient slots), moments 2S
+// With tied embeddings, stages 2-3 give block 0 its own gradient buffer (the
+// head adds into it long before block 0's backward) and stage 3 its own
+// gather buffer (the head reads it in forward and backward).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/aligned_buffer.h"
+#include "nn/adamw.h"
+#include "nn/parameters.h"
+#include "sharding/engine.h"
+#include "sharding/shard_math.h"
+
+namespace dtrain::sharding {
+
+struct Engine::Impl {
+  Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options);
+
+  MemoryStats memory() const;
+  nn::BlockPointers pointers() const;
+  void initialise_parameters(std::uint64_t seed);
+
+  void zero_gradients();
+  void start_micro_batch();
+  // Stage 3: makes block b whole in its gather slot and prefetches the next
+  // block in `direction` (+1 forward, -1 backward).
+  void gather_for(int b, int direction);
+  // Stages 2-3: waits until block b's gradient slot is free, then clears it.
+  void prepare_gradient_slot(int b);
+  void reduce_scatter_block(int b);
+  void reduce_bucket_ending_at(int b);
+  bool first_collective_started() const;
+  void wait_gradients();
+  double take_gradient_comm_seconds();
+  void wait_all();
+
+  double grad_sum_of_squares();
+  void optimizer_step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
+  std::vector<float> gather_parameters();
+
+ private:
+  struct Slot {
+    int block = -1;       // the block it holds (or is receiving); -1: none
+    comm::Work work;      // the collective filling or draining it
+  };
+  struct Bucket {
+    int lo = 0;           // lowest block: its after_backward ends the bucket
+    int hi = 0;
+  };
+
+  float* full_params(int b) { return params_.data() + full_offset_[b]; }
+  float* full_grads(int b) { return grads_.data() + full_offset_[b]; }
+  float* gather_buffer(int b);
+  float* gradient_buffer(int b);
+  Slot& gradient_slot(int b);
+  void launch_gather(int b);
+  void drain(Slot& slot);
+  void track(comm::Work work);
+  void adamw_block(int b, Range range, float* p, const float* g, float* m, float* v,
+                   const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
+  void check_identical(std::uint64_t checksum);
+
+  const nn::ParameterLayout& layout_;
+  comm::Communicator& comm_;
+  EngineOptions options_;
+  int world_;
+  int rank_;
+  int blocks_;
+  bool tied_;
+  std::vector<std::int64_t> numel_, shard_, full_offset_, shard_offset_;
+  std::int64_t max_padded_ = 0;
+
+  AlignedBuffer<float> params_;      // stage 0-2: all blocks padded; stage 3: the slices (masters)
+  AlignedBuffer<float> grads_;       // stage 0-1: all blocks padded; stage 2-3: the slices
+  AlignedBuffer<float> exp_avg_, exp_avg_sq_;  // stage 0: all blocks; 1-3: the slices
+  AlignedBuffer<float> gather_[2], gather_block0_;    // stage 3
+  AlignedBuffer<float> grad_slot_[2], grad_block0_;   // stages 2-3
+  Slot gather_slot_[2], gather0_slot_;
+  Slot grad_slots_[2], grad0_slot_;
+
+  std::vector<Bucket> buckets_;           // stage 0-1, in backward order
+  std::vector<int> bucket_of_;            // block -> bucket index
+  std::vector<comm::Work> pending_;       // this step's gradient collectives
+  std::vector<comm::Work> finished_;      // drained ones, for timing
+};
+
+}  // namespace dtrain::sharding
