@@ -12,11 +12,12 @@ inline std::uint64_t splitmix64(std::uint64_t x) {
 }  // namespace
 
 std::uint64_t dropout_key(std::uint64_t seed, std::int64_t step, std::int64_t micro,
-                          std::int64_t site) {
+                          std::int64_t site, std::int64_t first_element) {
   std::uint64_t k = splitmix64(seed);
   k = splitmix64(k ^ static_cast<std::uint64_t>(step));
   k = splitmix64(k ^ static_cast<std::uint64_t>(micro));
-  return splitmix64(k ^ static_cast<std::uint64_t>(site));
+  // Element i's counter is key + i: offsetting the key makes i global.
+  return splitmix64(k ^ static_cast<std::uint64_t>(site)) + static_cast<std::uint64_t>(first_element);
 }
 
 void dropout_apply(float* x, std::int64_t n, float p, std::uint64_t key) {

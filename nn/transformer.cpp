@@ -131,7 +131,8 @@ void Transformer::embed_forward(const StepKey& key, bool training) {
   }
   if (training && config_.dropout > 0.0f) {
     dropout_apply(out, batch_ * seq_ * config_.d_model, config_.dropout,
-                  dropout_key(key.seed, key.step, key.micro, kEmbedDropoutSite));
+                  dropout_key(key.seed, key.step, key.micro, kEmbedDropoutSite,
+                              key.row_offset * seq_ * config_.d_model));
   }
 }
 
@@ -155,7 +156,8 @@ void Transformer::layer_forward(int l, const StepKey& key, bool training) {
   if (drop) {  // the branch needs its own buffer to be dropped before the residual add
     float* branch = acts_->d_tmp.data();
     linear_forward(L.attn.data(), w(kProjW), w(kProjB), branch, n, d, d);
-    dropout_apply(branch, n * d, config_.dropout, dropout_key(key.seed, key.step, key.micro, 2 * l));
+    dropout_apply(branch, n * d, config_.dropout, dropout_key(key.seed, key.step, key.micro, 2 * l,
+                              key.row_offset * seq_ * config_.d_model));
     for (std::int64_t i = 0; i < n * d; ++i) L.mid[static_cast<std::size_t>(i)] = x[i] + branch[i];
   } else {  // residual added by the GEMM's accumulation into a copy of x
     std::memcpy(L.mid.data(), x, bytes);
@@ -170,7 +172,8 @@ void Transformer::layer_forward(int l, const StepKey& key, bool training) {
     float* branch = acts_->d_tmp.data();
     linear_forward(L.a.data(), w(kFc2W), w(kFc2B), branch, n, ff, d);
     dropout_apply(branch, n * d, config_.dropout,
-                  dropout_key(key.seed, key.step, key.micro, 2 * l + 1));
+                  dropout_key(key.seed, key.step, key.micro, 2 * l + 1,
+                              key.row_offset * seq_ * config_.d_model));
     for (std::int64_t i = 0; i < n * d; ++i) out[i] = L.mid[static_cast<std::size_t>(i)] + branch[i];
   } else {
     std::memcpy(out, L.mid.data(), bytes);

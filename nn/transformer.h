@@ -70,6 +70,7 @@ struct StepKey {
   std::uint64_t seed = 0;     // train.seed
   std::int64_t step = 0;
   std::int64_t micro = 0;     // micro-step within gradient accumulation
+  std::int64_t row_offset = 0;  // global index of this rank's first row (rank * micro-batch)
 };
 
 class Transformer {

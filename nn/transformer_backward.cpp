@@ -69,7 +69,8 @@ void Transformer::layer_backward(int l) {
     if (!dropout_active_) return d_resid;
     float* db = acts_->d_branch.data();
     std::memcpy(db, d_resid, static_cast<std::size_t>(n * d) * sizeof(float));
-    dropout_apply(db, n * d, config_.dropout, dropout_key(key_.seed, key_.step, key_.micro, site));
+    dropout_apply(db, n * d, config_.dropout, dropout_key(key_.seed, key_.step, key_.micro, site,
+                              key_.row_offset * seq_ * config_.d_model));
     return db;
   };
 
@@ -98,7 +99,8 @@ void Transformer::embed_backward() {
   float* d_out = acts_->d_resid.data();
   if (dropout_active_) {
     dropout_apply(d_out, batch_ * seq_ * config_.d_model, config_.dropout,
-                  dropout_key(key_.seed, key_.step, key_.micro, kEmbedDropoutSite));
+                  dropout_key(key_.seed, key_.step, key_.micro, kEmbedDropoutSite,
+                              key_.row_offset * seq_ * config_.d_model));
   }
   if (config_.input == ModelConfig::Input::tokens) {
     token_embedding_backward(inputs_.tokens, d_out, param(0, true), param(1, true), batch_, seq_,

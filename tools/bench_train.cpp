@@ -196,8 +196,8 @@ int run_train_bench(const TrainBenchOptions& options) {
   take_slowest(t.seconds, world.comm.get());
   if (world.env.rank != 0) return 0;
   const int ranks = world.env.world_size;
-  // tokens_per_step() counts this rank's micro-batches; every rank trains its own.
-  const double tokens = static_cast<double>(trainer.tokens_per_step()) * ranks;
+  // tokens_per_step() counts every rank's micro-batches (each trains its own).
+  const auto tokens = static_cast<double>(trainer.tokens_per_step());
   const Throughput r = summarise(t.seconds, tokens, ranks, flops_per_token, peak);
 
   print_throughput(options, config, trainer, world, r);

@@ -164,7 +164,7 @@ StepResult Trainer::step() {
                                  batch.targets.data()};
     engine_->set_sync(micro == accum - 1);  // accumulate locally, communicate once
     const nn::ForwardResult fwd =
-        model_->forward(inputs, *engine_, true, nn::StepKey{t.seed(), step_, micro});
+        model_->forward(inputs, *engine_, true, nn::StepKey{t.seed(), step_, micro, comm_->rank() * t.micro_batch_size()});
     model_->backward(*engine_, 1.0f / static_cast<float>(accum));
     loss_sum += static_cast<float>(fwd.loss);
   }

@@ -31,16 +31,16 @@ using worker::Trainer;
 constexpr int kSteps = 20;
 constexpr int kMicroBatch = 2;  // per rank
 
-config::Config tiny_lm(int micro_batch, int stage, int accum, double bucket_mb = 25.0) {
+config::Config tiny_lm(int micro_batch, int stage, int accum, double bucket_mb = 25.0, double dropout = 0.0) {
   return worker::parse_config_json(fmt::format(R"({{
     "model": {{"kind": "lm", "vocab_size": 61, "d_model": 36, "n_heads": 3,
-              "n_layers": 2, "d_ff": 52, "max_seq_len": 16}},
+              "n_layers": 2, "d_ff": 52, "max_seq_len": 16, "dropout": {}}},
     "data": {{"kind": "synthetic", "seq_len": 16}},
     "optimizer": {{"lr": 3e-3, "weight_decay": 0.1, "grad_clip": 1.0}},
     "schedule": {{"warmup_steps": 3}},
     "train": {{"steps": {}, "micro_batch_size": {}, "grad_accum_steps": {}, "seed": 7}},
     "parallel": {{"zero_stage": {}, "bucket_mb": {}, "timeout_s": 30}}
-  }})", kSteps, micro_batch, accum, stage, bucket_mb), {});
+  }})", dropout, kSteps, micro_batch, accum, stage, bucket_mb), {});
 }
 
 struct RunResult {
@@ -50,14 +50,14 @@ struct RunResult {
   bool overlapped = false;
 };
 
-RunResult train(int world, int stage, int accum, double bucket_mb = 25.0) {
+RunResult train(int world, int stage, int accum, double bucket_mb = 25.0, double dropout = 0.0) {
   RunResult result;
   result.params.resize(static_cast<std::size_t>(world));
   std::mutex mu;
   const int micro_batch = world == 0 ? 0 : kMicroBatch;
   testing::run_gloo_ranks(world, 30s, [&](comm::Communicator& comm) {
     std::shared_ptr<comm::Communicator> shared(&comm, [](comm::Communicator*) {});
-    Trainer trainer(tiny_lm(micro_batch, stage, accum, bucket_mb),
+    Trainer trainer(tiny_lm(micro_batch, stage, accum, bucket_mb, dropout),
                     {.write_outputs = false, .console = nullptr, .comm = shared});
     std::vector<float> losses, norms;
     bool overlapped = false;
@@ -80,9 +80,9 @@ RunResult train(int world, int stage, int accum, double bucket_mb = 25.0) {
 }
 
 // One rank with the same global batch: micro-batch world * B.
-RunResult reference(int world, int accum) {
+RunResult reference(int world, int accum, double dropout = 0.0) {
   RunResult result;
-  Trainer trainer(tiny_lm(world * kMicroBatch, 0, accum),
+  Trainer trainer(tiny_lm(world * kMicroBatch, 0, accum, 25.0, dropout),
                   {.write_outputs = false, .console = nullptr, .comm = nullptr});
   for (int i = 0; i < kSteps; ++i) {
     const worker::StepResult r = trainer.step();
@@ -150,6 +150,10 @@ TEST(DataParallelEngine, BlocksThatDoNotDivideByTheWorldArePadded) {
   bool uneven = false;
   for (const auto& b : layout.blocks()) uneven = uneven || b.numel % 3 != 0;
   EXPECT_TRUE(uneven) << "the equivalence tests need a block that 3 ranks split unevenly";
+}
+
+TEST(DataParallelEngine, DropoutMasksFollowGlobalRowsSoRanksMatchOneRank) {
+  expect_same_training(train(2, 1, 1, 25.0, 0.1), reference(2, 1, 0.1), "dropout 0.1, world 2");
 }
 
 TEST(DataParallelEngine, FirstBucketAllReduceStartsBeforeBackwardEnds) {

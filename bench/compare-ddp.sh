@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# dtrain's data-parallel training against PyTorch's, in one run, on this
+# machine's two cores, for lm-small and cls-seed (examples/configs), one
+# thread per process:
+#   torch-1     bench/pytorch_train.py: one process, its fastest variant (sweep)
+#   torch-ddp   bench/pytorch_ddp.py: DistributedDataParallel, 2 ranks, gloo over
+#               loopback, best of the single process's two fastest variants x
+#               bucket_cap_mb {1,25,100} x gradient_as_bucket_view
+#   dtrain-1    dtrain-bench train, one process
+#   BACKEND-stageN  dtrain-bench train under `mpirun -np 2`, ZeRO stage N, backend
+#               gloo (the store on 127.0.0.1) or mpi
+# tokens/s count all ranks and come from the mean step on every side. The
+# table gives each run's ratio to torch-ddp, its scaling efficiency (2-rank
+# tokens/s / (2 x the same side's 1-process tokens/s)) and the share of
+# gradient communication dtrain hid behind backward; `name: value` lines follow.
+#
+#   bench/compare-ddp.sh                       # both configs, ~15 minutes
+#   STEPS=10 STAGES="0 3" BACKENDS=gloo bench/compare-ddp.sh lm-small
+#
+# The first line printed is the command that reproduces the output; every
+# run's full output is kept in LOG_DIR (a fresh temporary folder by default).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${BUILD_DIR:-$repo/build}
+steps=${STEPS:-5}
+warmup=${WARMUP:-2}
+sweep_steps=${SWEEP_STEPS:-2}
+stages=${STAGES:-0 1 2 3}
+backends=${BACKENDS:-gloo mpi}
+bind=${BIND:-none}   # mpirun --bind-to; none: scheduled like PyTorch's ranks
+configs=("$@")
+[[ ${#configs[@]} -gt 0 ]] || configs=(lm-small cls-seed)
+log_dir=${LOG_DIR:-$(mktemp -d -t compare-ddp.XXXXXX)}
+mkdir -p "$log_dir"
+echo "# command: STEPS=$steps WARMUP=$warmup SWEEP_STEPS=$sweep_steps STAGES=\"$stages\"" \
+  "BACKENDS=\"$backends\" BIND=$bind BUILD_DIR=$build bench/compare-ddp.sh ${configs[*]}"
+echo "# full outputs: $log_dir"
+
+bench=$build/bin/dtrain-bench
+[[ -x $bench ]] || { echo "compare-ddp: $bench is not built" >&2; exit 1; }
+py=/usr/bin/python3   # Debian's python3-torch
+
+# One thread per process; OpenMP pools must not spin against each other.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun=(mpirun -np 2 --bind-to "$bind" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+dtrain_args=(--steps "$steps" --warmup "$warmup" --peak-seconds 0.5)
+
+free_port() {
+  $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
+}
+# field NAME TEXT: the value of the `NAME: value` line in TEXT (empty if none).
+field() { awk -v k="$1:" '$1 == k { print $2; exit }' <<<"$2"; }
+# ratio A B: A / B to 2 decimals, n/a when either is missing.
+ratio() {
+  if [[ -n $1 && -n $2 ]]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'
+  else echo n/a; fi
+}
+# The sweep table of bench/pytorch_train.py, fastest step first: the two
+# fastest variants, comma-separated.
+top_two_variants() {
+  awk '/^# sweep:/ { on = 1; next } /^# fastest/ { on = 0 }
+       on && $1 != "variant" && $2 != "failed" { print $3, $1 }' <<<"$1" |
+    sort -g | head -2 | awk '{ printf "%s%s", sep, $2; sep = "," }'
+}
+# run NAME CMD...: runs CMD, keeps its output in LOG_DIR/NAME.log, prints it to
+# stdout for the caller; a failed run prints nothing (and says so on stderr).
+run() {
+  local name=$1; shift
+  echo "# $name: $*" >&2
+  if ! "$@" >"$log_dir/$name.log" 2>&1; then
+    echo "# $name FAILED (see $log_dir/$name.log):" >&2
+    tail -5 "$log_dir/$name.log" >&2
+    return 0
+  fi
+  cat "$log_dir/$name.log"
+}
+
+rows=() lines=()
+# row CONFIG RUN RANKS OUT SINGLE_TPS DDP_TPS NOTE: one table row and its lines.
+row() {
+  local config=$1 name=$2 ranks=$3 out=$4 single=$5 ddp=$6 note=$7
+  local tps eff="n/a" hidden vs key
+  tps=$(field tokens_per_s "$out")
+  [[ $ranks -gt 1 && -n $single ]] && eff=$(awk -v a="$tps" -v b="$single" -v n="$ranks" \
+    'BEGIN { printf "%.2f", a / (n * b) }')
+  hidden=$(field comm_hidden_share "$out")
+  [[ $ranks -gt 1 ]] || hidden=""
+  vs=$(ratio "$tps" "$ddp")
+  rows+=("$(printf '%-9s %-12s %5s %10s %9s %8s %9s %9s %10s  %s' "$config" "$name" "$ranks" \
+    "${tps:-failed}" "$vs" "$eff" "${hidden:-n/a}" "$(field comm_ms_per_step "$out")" \
+    "$(field model_state_mb "$out")" "$note")")
+  key=${config//-/_}_${name//-/_}
+  lines+=("${key}_tokens_per_s: ${tps:-n/a}" "${key}_ratio_vs_torch_ddp: $vs")
+  [[ $ranks -gt 1 ]] && lines+=("${key}_scaling_efficiency: $eff")
+  [[ -n $hidden ]] && lines+=("${key}_comm_hidden_share: $hidden")
+  return 0
+}
+
+for config in "${configs[@]}"; do
+  cfg=$repo/examples/configs/$config.json
+  echo "=== $config" >&2
+  t1=$(run "$config-torch-1" $py "$repo/bench/pytorch_train.py" --config "$config" \
+         --steps "$steps" --warmup "$warmup" --sweep-steps "$sweep_steps" --allow-coretype)
+  t1_tps=$(field tokens_per_s "$t1")
+  variants=$(top_two_variants "$t1")
+  tddp=$(run "$config-torch-ddp" $py "$repo/bench/pytorch_ddp.py" --config "$config" \
+           --steps "$steps" --warmup "$warmup" --sweep-steps "$sweep_steps" \
+           --variants "${variants:-mkldnn-linear-keepmem-jit,openblas-avx512-keepmem}" \
+           --single-tokens-per-s "${t1_tps:-0}")
+  ddp_tps=$(field tokens_per_s "$tddp")
+  d1=$(run "$config-dtrain-1" "$bench" train --config "$cfg" "${dtrain_args[@]}")
+  d1_tps=$(field tokens_per_s "$d1")
+
+  row "$config" torch-1 1 "$t1" "" "$ddp_tps" "$(field variant "$t1")"
+  note="$(field variant_best "$tddp"), bucket_cap_mb $(field bucket_cap_mb "$tddp")"
+  row "$config" torch-ddp 2 "$tddp" "$t1_tps" "$ddp_tps" \
+    "$note, as_view $(field gradient_as_bucket_view "$tddp")"
+  row "$config" dtrain-1 1 "$d1" "" "$ddp_tps" "stage $(field zero_stage "$d1")"
+  for backend in $backends; do
+    for stage in $stages; do
+      name=$backend-stage$stage
+      store=()
+      [[ $backend == gloo ]] && store=(-x "DTRAIN_STORE=127.0.0.1:$(free_port)")
+      out=$(run "$config-dtrain-$name" "${mpirun[@]}" "${store[@]}" "$bench" train \
+              --config "$cfg" "${dtrain_args[@]}" --set "parallel.backend=$backend" \
+              --set "parallel.zero_stage=$stage")
+      row "$config" "$name" 2 "$out" "$d1_tps" "$ddp_tps" \
+        "exposed comm $(field exposed_comm_ms_per_step "$out") ms/step"
+    done
+  done
+done
+
+echo
+printf '%-9s %-12s %5s %10s %9s %8s %9s %9s %10s  %s\n' config run ranks tokens/s vs_ddp \
+  scaling hidden comm_ms state_MB note
+printf '%s\n' "${rows[@]}"
+echo
+printf '%s\n' "${lines[@]}"
