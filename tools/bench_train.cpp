@@ -28,7 +28,6 @@ struct World {
   cluster::Environment env;
   comm::OpenedStore store;  // kept for the whole run: rank 0 may host the server
   std::shared_ptr<comm::Communicator> comm;
-  std::string backend = "none";
 };
 
 World join_world(const config::Config& config) {
@@ -42,7 +41,6 @@ World join_world(const config::Config& config) {
   options.timeout = timeout;
   options.name = "train";
   options.store = w.store.store;
-  w.backend = options.backend;
   w.comm = comm::connect(w.env, options);
   return w;
 }
@@ -107,7 +105,7 @@ void print_parallel_lines(worker::Trainer& trainer, const World& w, const Timing
   const sharding::MemoryStats& m = trainer.engine().memory();
   const double steps = static_cast<double>(t.seconds.size());
   std::cout << fmt::format("world_size: {}\n", w.env.world_size);
-  std::cout << fmt::format("backend: {}\n", w.backend);
+  std::cout << fmt::format("backend: {}\n", trainer.communicator().backend_name());
   std::cout << fmt::format("zero_stage: {}\n", trainer.engine().stage());
   std::cout << fmt::format("tokens_per_s_per_rank: {:.1f}\n", per_rank_tokens_per_s);
   std::cout << fmt::format("comm_ms_per_step: {:.3f}\n", 1e3 * t.comm_seconds / steps);
@@ -163,7 +161,8 @@ void print_throughput(const TrainBenchOptions& o, const config::Config& config,
   if (r.ranks > 1) {
     std::cout << fmt::format("{} ranks ({}), backend {}, ZeRO stage {}; tokens count all "
                              "ranks, mfu is per rank\n",
-                             r.ranks, cluster::starter_name(w.env.starter), w.backend,
+                             r.ranks, cluster::starter_name(w.env.starter),
+                             trainer.communicator().backend_name(),
                              trainer.engine().stage());
   }
   std::cout << fmt::format("{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>7}\n", "steps",

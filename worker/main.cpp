@@ -1,5 +1,10 @@
 // dtrain-worker --config FILE.json [--set a.b=v ...]: trains one model.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <exception>
+#include <thread>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -30,6 +35,14 @@ void print_summary(const dtrain::worker::TrainSummary& s) {
   std::cout << fmt::format(" | peak RSS {:.0f} MiB\n", dtrain::peak_rss_mb());
 }
 
+// Ranks on one node split its cores unless OMP_NUM_THREADS says otherwise:
+// several full-size OpenMP teams on the same cores spin against each other.
+void share_cores(const dtrain::cluster::Environment& env) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr || env.local_world_size <= 1) return;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  omp_set_num_threads(std::max(1, cores / env.local_world_size));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,6 +68,7 @@ int main(int argc, char** argv) {
     connect.timeout = timeout;
     connect.store = store.store;
     std::shared_ptr<dtrain::comm::Communicator> comm = dtrain::comm::connect(env, connect);
+    share_cores(env);
     const bool rank0 = comm->rank() == 0;
     if (rank0) {
       std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
