@@ -156,6 +156,49 @@ TEST(DataParallelEngine, DropoutMasksFollowGlobalRowsSoRanksMatchOneRank) {
   expect_same_training(train(2, 1, 1, 25.0, 0.1), reference(2, 1, 0.1), "dropout 0.1, world 2");
 }
 
+TEST(DataParallelEngine, TiedEmbeddingsKeepBlockZeroWholeInEveryStage) {
+  // The head reads and adds into block 0: stages 2-3 give it its own buffers.
+  auto with_tie = [](config::Config c) {
+    c.mutable_model()->set_tie_embeddings(true);
+    return c;
+  };
+  RunResult ref;
+  {
+    Trainer trainer(with_tie(tiny_lm(2 * kMicroBatch, 0, 2)),
+                    {.write_outputs = false, .console = nullptr, .comm = nullptr});
+    for (int i = 0; i < kSteps; ++i) {
+      const worker::StepResult r = trainer.step();
+      ref.losses.push_back(r.loss);
+      ref.norms.push_back(r.grad_norm);
+    }
+    ref.params.push_back(trainer.engine().gather_parameters());
+  }
+  for (int stage : {2, 3}) {
+    RunResult got;
+    got.params.resize(2);
+    std::mutex mu;
+    testing::run_gloo_ranks(2, 30s, [&](comm::Communicator& comm) {
+      std::shared_ptr<comm::Communicator> shared(&comm, [](comm::Communicator*) {});
+      Trainer trainer(with_tie(tiny_lm(kMicroBatch, stage, 2)),
+                      {.write_outputs = false, .console = nullptr, .comm = shared});
+      std::vector<float> losses, norms;
+      for (int i = 0; i < kSteps; ++i) {
+        const worker::StepResult r = trainer.step();
+        losses.push_back(r.loss);
+        norms.push_back(r.grad_norm);
+      }
+      auto params = trainer.engine().gather_parameters();
+      std::lock_guard<std::mutex> lock(mu);
+      if (comm.rank() == 0) {
+        got.losses = losses;
+        got.norms = norms;
+      }
+      got.params[static_cast<std::size_t>(comm.rank())] = std::move(params);
+    });
+    expect_same_training(got, ref, fmt::format("tied, stage {}", stage));
+  }
+}
+
 TEST(DataParallelEngine, FirstBucketAllReduceStartsBeforeBackwardEnds) {
   // Buckets of one block each: the head's all-reduce is queued long before
   // block 0's backward ends.
