@@ -4,17 +4,19 @@
 # thread per process:
 #   torch-1     bench/pytorch_train.py: one process, its fastest variant (sweep)
 #   torch-ddp   bench/pytorch_ddp.py: DistributedDataParallel, 2 ranks, gloo over
-#               loopback, best of the single process's two fastest variants x
-#               bucket_cap_mb {1,25,100} x gradient_as_bucket_view
+#               loopback, the fastest of a staged sweep: the single process's
+#               two fastest variants, then bucket_cap_mb {1,25,100} x
+#               gradient_as_bucket_view {0,1} on the faster one
 #   dtrain-1    dtrain-bench train, one process
 #   BACKEND-stageN  dtrain-bench train under `mpirun -np 2`, ZeRO stage N, backend
-#               gloo (the store on 127.0.0.1) or mpi
+#               gloo (the store on 127.0.0.1) or mpi; DTRAIN_SET adds --set
+#               overrides to every dtrain run (e.g. "parallel.bucket_mb=4")
 # tokens/s count all ranks and come from the mean step on every side. The
 # table gives each run's ratio to torch-ddp, its scaling efficiency (2-rank
 # tokens/s / (2 x the same side's 1-process tokens/s)) and the share of
 # gradient communication dtrain hid behind backward; `name: value` lines follow.
 #
-#   bench/compare-ddp.sh                       # both configs, ~15 minutes
+#   bench/compare-ddp.sh                       # both configs, ~10-15 minutes
 #   STEPS=10 STAGES="0 3" BACKENDS=gloo bench/compare-ddp.sh lm-small
 #
 # The first line printed is the command that reproduces the output; every
@@ -25,7 +27,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$repo/build}
 steps=${STEPS:-5}
 warmup=${WARMUP:-2}
-sweep_steps=${SWEEP_STEPS:-2}
+sweep_steps=${SWEEP_STEPS:-1}
 stages=${STAGES:-0 1 2 3}
 backends=${BACKENDS:-gloo mpi}
 bind=${BIND:-none}   # mpirun --bind-to; none: scheduled like PyTorch's ranks
@@ -34,7 +36,8 @@ configs=("$@")
 log_dir=${LOG_DIR:-$(mktemp -d -t compare-ddp.XXXXXX)}
 mkdir -p "$log_dir"
 echo "# command: STEPS=$steps WARMUP=$warmup SWEEP_STEPS=$sweep_steps STAGES=\"$stages\"" \
-  "BACKENDS=\"$backends\" BIND=$bind BUILD_DIR=$build bench/compare-ddp.sh ${configs[*]}"
+  "BACKENDS=\"$backends\" BIND=$bind DTRAIN_SET=\"${DTRAIN_SET:-}\" BUILD_DIR=$build" \
+  "bench/compare-ddp.sh ${configs[*]}"
 echo "# full outputs: $log_dir"
 
 bench=$build/bin/dtrain-bench
@@ -46,6 +49,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_WAIT_POLIC
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpirun=(mpirun -np 2 --bind-to "$bind" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
 dtrain_args=(--steps "$steps" --warmup "$warmup" --peak-seconds 0.5)
+for s in ${DTRAIN_SET:-}; do dtrain_args+=(--set "$s"); done
 
 free_port() {
   $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))

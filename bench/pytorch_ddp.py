@@ -6,13 +6,15 @@ CPU thread, gloo over loopback, at PyTorch DDP's best settings on this machine.
   bench/pytorch_ddp.py --config lm-small --steps 10
   bench/pytorch_ddp.py --config cls-seed --variants openblas-keepmem --buckets 25
 
-Sweeps variant (BLAS library, nn.Linear engine, malloc policy) x bucket_cap_mb
-x gradient_as_bucket_view; every setting is its own job of fresh processes
-and process group (variant environments are fixed at process start), started
-as torch.distributed.run's static rendezvous would: RANK, WORLD_SIZE,
-MASTER_ADDR=127.0.0.1, a free MASTER_PORT. Prints
-the table, then times the fastest setting for --steps; the last lines are
-`name: value` pairs for scripts (bench/compare-ddp.sh).
+Sweeps variant (BLAS library, nn.Linear engine, malloc policy), bucket_cap_mb
+and gradient_as_bucket_view: --sweep staged (default) times the variants at
+the middle bucket size, then every bucket x view on the fastest variant;
+--sweep full every combination. Each setting is its own job of fresh
+processes and process group (variant environments are fixed at process
+start), started as torch.distributed.run's static rendezvous would: RANK,
+WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT. Prints the table, then
+times the fastest setting for --steps; the last lines are `name: value` pairs
+for scripts (bench/compare-ddp.sh).
 
 Each rank trains its own micro-batch of train.micro_batch_size sequences (as
 a dtrain rank does), so one step processes ranks x batch x seq tokens. A
@@ -31,9 +33,10 @@ from pathlib import Path
 from pytorch_models import (VARIANTS, blas_library, build_model, load_config, make_batch,
                             make_optimizer, parse_figures, variant_env)
 
-# The two fastest variants of bench/pytorch_train.py on this machine kind;
+# The fastest variants of bench/pytorch_train.py --allow-coretype here
+# (cls-seed: mkldnn-linear-keepmem-jit; lm-small: openblas-avx512-keepmem);
 # bench/compare-ddp.sh passes the two fastest of its own single-process sweep.
-DEFAULT_VARIANTS = "mkldnn-linear-keepmem,openblas-keepmem"
+DEFAULT_VARIANTS = "mkldnn-linear-keepmem-jit,openblas-avx512-keepmem"
 
 
 def parse_args():
@@ -48,6 +51,8 @@ def parse_args():
     p.add_argument("--buckets", default="1,25,100", help="bucket_cap_mb values to sweep")
     p.add_argument("--bucket-views", default="0,1",
                    help="gradient_as_bucket_view values to sweep (0, 1)")
+    p.add_argument("--sweep", choices=["staged", "full"], default="staged",
+                   help="staged: variants first, then buckets x views on the fastest")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="threads per rank")
     p.add_argument("--timeout-s", type=int, default=600, help="per job")
@@ -178,14 +183,53 @@ def print_table(rows):
     sys.stdout.flush()
 
 
-def sweep_settings(args):
+def sweep_axes(args):
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         sys.exit(f"unknown variant(s) {', '.join(unknown)}; one of: {', '.join(VARIANTS)}")
     buckets = [float(b) for b in args.buckets.split(",")]
     views = [int(v) for v in args.bucket_views.split(",")]
-    return [(v, b, w) for v in variants for b in buckets for w in views]
+    return variants, buckets, views
+
+
+def time_settings(args, settings, done):
+    """Times each setting not in `done` (setting -> figures) and adds it there."""
+    for s in settings:
+        if s not in done:
+            done[s] = launch(args, s, args.sweep_steps)
+
+
+def fastest(done):
+    ok = [(s, fig) for s, fig in done.items() if fig is not None]
+    if not ok:
+        sys.exit("every setting failed")
+    # As bench/pytorch_train.py: the fastest step ranks the settings, the
+    # figure least disturbed by other processes on a shared machine.
+    return min(ok, key=lambda r: float(r[1]["step_ms_min"]))[0]
+
+
+def sweep(args, c):
+    """The fastest setting. full: every variant x bucket x view. staged: the
+    variants at the middle bucket size (views as given), then the fastest
+    variant at every bucket x view: a third of full's jobs for 2 variants."""
+    variants, buckets, views = sweep_axes(args)
+    if len(variants) * len(buckets) * len(views) == 1:
+        return (variants[0], buckets[0], views[0])
+    print(f"# sweep ({args.sweep}): {c['name']}, {args.ranks} ranks x {args.threads} thread(s), "
+          f"gloo, {args.warmup} warm-up + {args.sweep_steps} timed steps each")
+    sys.stdout.flush()
+    done = {}
+    if args.sweep == "staged":
+        middle = buckets[len(buckets) // 2]
+        time_settings(args, [(v, middle, views[-1]) for v in variants], done)
+        variants = [fastest(done)[0]]
+    time_settings(args, [(v, b, w) for v in variants for b in buckets for w in views], done)
+    print_table(list(done.items()))
+    best = fastest(done)
+    print(f"# fastest: {best[0]} bucket_cap_mb {best[1]:g} gradient_as_bucket_view {best[2]}; "
+          f"timing it for {args.steps} steps")
+    return best
 
 
 def main():
@@ -194,21 +238,7 @@ def main():
     if args.child:
         run_rank(args, c)
         return
-    settings = sweep_settings(args)
-    best = settings[0]
-    if len(settings) > 1:
-        print(f"# sweep: {c['name']}, {args.ranks} ranks x {args.threads} thread(s), gloo, "
-              f"{args.warmup} warm-up + {args.sweep_steps} timed steps each")
-        rows = [(s, launch(args, s, args.sweep_steps)) for s in settings]
-        print_table(rows)
-        ok = [(s, fig) for s, fig in rows if fig is not None]
-        if not ok:
-            sys.exit("every setting failed")
-        # As bench/pytorch_train.py: the fastest step ranks the settings, the
-        # figure least disturbed by other processes on a shared machine.
-        best = min(ok, key=lambda r: float(r[1]["step_ms_min"]))[0]
-        print(f"# fastest: {best[0]} bucket_cap_mb {best[1]:g} gradient_as_bucket_view {best[2]}; "
-              f"timing it for {args.steps} steps")
+    best = sweep(args, c)
     fig = launch(args, best, args.steps)
     if fig is None:
         sys.exit(f"setting {best} failed")

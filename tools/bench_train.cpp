@@ -70,8 +70,9 @@ Timing time_steps(worker::Trainer& trainer, const TrainBenchOptions& options) {
   return t;
 }
 
-// A data-parallel step ends when its slowest rank's does; every rank gets
-// that rank's times (the ranks drift apart by a few milliseconds).
+// A data-parallel step ends when its slowest rank's does: every rank gets,
+// step by step, the longest time any rank measured (ranks enter and leave a
+// step at different moments).
 void take_slowest(std::vector<double>& seconds, comm::Communicator* comm) {
   if (comm == nullptr || comm->world_size() == 1) return;
   std::vector<float> s(seconds.begin(), seconds.end());
