@@ -75,56 +75,42 @@ Work Communicator::submit(Op op) {
   return Work(thread_->submit(op));
 }
 
-Work Communicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+namespace {
+
+Op make_op(OpKind kind, const void* input, void* output, std::size_t count, DType dtype,
+           ReduceOp reduce = ReduceOp::sum, int root = 0) {
   Op o;
-  o.kind = OpKind::allreduce;
-  o.input = data;
-  o.output = data;
+  o.kind = kind;
+  o.input = input;
+  o.output = output;
   o.count = count;
   o.dtype = dtype;
-  o.reduce = op;
-  return submit(o);
+  o.reduce = reduce;
+  o.root = root;
+  return o;
+}
+
+}  // namespace
+
+Work Communicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  return submit(make_op(OpKind::allreduce, data, data, count, dtype, op));
 }
 
 Work Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype,
                                   ReduceOp op) {
-  Op o;
-  o.kind = OpKind::reduce_scatter;
-  o.input = input;
-  o.output = output;
-  o.count = count;
-  o.dtype = dtype;
-  o.reduce = op;
-  return submit(o);
+  return submit(make_op(OpKind::reduce_scatter, input, output, count, dtype, op));
 }
 
 Work Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype) {
-  Op o;
-  o.kind = OpKind::allgather;
-  o.input = input;
-  o.output = output;
-  o.count = count;
-  o.dtype = dtype;
-  return submit(o);
+  return submit(make_op(OpKind::allgather, input, output, count, dtype));
 }
 
 Work Communicator::broadcast(void* data, std::size_t count, DType dtype, int root) {
   DTRAIN_CHECK(root >= 0 && root < world_size_, "broadcast root {} outside 0..{}", root,
                world_size_ - 1);
-  Op o;
-  o.kind = OpKind::broadcast;
-  o.input = data;
-  o.output = data;
-  o.count = count;
-  o.dtype = dtype;
-  o.root = root;
-  return submit(o);
+  return submit(make_op(OpKind::broadcast, data, data, count, dtype, ReduceOp::sum, root));
 }
 
-Work Communicator::barrier() {
-  Op o;
-  o.kind = OpKind::barrier;
-  return submit(o);
-}
+Work Communicator::barrier() { return submit(make_op(OpKind::barrier, nullptr, nullptr, 0, DType::f32)); }
 
 }  // namespace dtrain::comm

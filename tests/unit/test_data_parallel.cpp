@@ -31,8 +31,15 @@ using worker::Trainer;
 constexpr int kSteps = 20;
 constexpr int kMicroBatch = 2;  // per rank
 
-config::Config tiny_lm(int micro_batch, int stage, int accum, double bucket_mb = 25.0, double dropout = 0.0) {
-  return worker::parse_config_json(fmt::format(R"({{
+// What varies between runs besides world, stage and accumulation.
+struct Variant {
+  double bucket_mb = 25.0;
+  double dropout = 0.0;
+  bool tie = false;
+};
+
+config::Config tiny_lm(int micro_batch, int stage, int accum, const Variant& v = {}) {
+  auto config = worker::parse_config_json(fmt::format(R"({{
     "model": {{"kind": "lm", "vocab_size": 61, "d_model": 36, "n_heads": 3,
               "n_layers": 2, "d_ff": 52, "max_seq_len": 16, "dropout": {}}},
     "data": {{"kind": "synthetic", "seq_len": 16}},
@@ -40,7 +47,9 @@ config::Config tiny_lm(int micro_batch, int stage, int accum, double bucket_mb =
     "schedule": {{"warmup_steps": 3}},
     "train": {{"steps": {}, "micro_batch_size": {}, "grad_accum_steps": {}, "seed": 7}},
     "parallel": {{"zero_stage": {}, "bucket_mb": {}, "timeout_s": 30}}
-  }})", dropout, kSteps, micro_batch, accum, stage, bucket_mb), {});
+  }})", v.dropout, kSteps, micro_batch, accum, stage, v.bucket_mb), {});
+  config.mutable_model()->set_tie_embeddings(v.tie);
+  return config;
 }
 
 struct RunResult {
@@ -50,14 +59,14 @@ struct RunResult {
   bool overlapped = false;
 };
 
-RunResult train(int world, int stage, int accum, double bucket_mb = 25.0, double dropout = 0.0) {
+RunResult train(int world, int stage, int accum, const Variant& v = {}) {
   RunResult result;
   result.params.resize(static_cast<std::size_t>(world));
   std::mutex mu;
   const int micro_batch = world == 0 ? 0 : kMicroBatch;
   testing::run_gloo_ranks(world, 30s, [&](comm::Communicator& comm) {
     std::shared_ptr<comm::Communicator> shared(&comm, [](comm::Communicator*) {});
-    Trainer trainer(tiny_lm(micro_batch, stage, accum, bucket_mb, dropout),
+    Trainer trainer(tiny_lm(micro_batch, stage, accum, v),
                     {.write_outputs = false, .console = nullptr, .comm = shared});
     std::vector<float> losses, norms;
     bool overlapped = false;
@@ -80,9 +89,9 @@ RunResult train(int world, int stage, int accum, double bucket_mb = 25.0, double
 }
 
 // One rank with the same global batch: micro-batch world * B.
-RunResult reference(int world, int accum, double dropout = 0.0) {
+RunResult reference(int world, int accum, const Variant& v = {}) {
   RunResult result;
-  Trainer trainer(tiny_lm(world * kMicroBatch, 0, accum, 25.0, dropout),
+  Trainer trainer(tiny_lm(world * kMicroBatch, 0, accum, v),
                   {.write_outputs = false, .console = nullptr, .comm = nullptr});
   for (int i = 0; i < kSteps; ++i) {
     const worker::StepResult r = trainer.step();
@@ -153,56 +162,23 @@ TEST(DataParallelEngine, BlocksThatDoNotDivideByTheWorldArePadded) {
 }
 
 TEST(DataParallelEngine, DropoutMasksFollowGlobalRowsSoRanksMatchOneRank) {
-  expect_same_training(train(2, 1, 1, 25.0, 0.1), reference(2, 1, 0.1), "dropout 0.1, world 2");
+  const Variant dropout{.dropout = 0.1};
+  expect_same_training(train(2, 1, 1, dropout), reference(2, 1, dropout), "dropout 0.1, world 2");
 }
 
 TEST(DataParallelEngine, TiedEmbeddingsKeepBlockZeroWholeInEveryStage) {
   // The head reads and adds into block 0: stages 2-3 give it its own buffers.
-  auto with_tie = [](config::Config c) {
-    c.mutable_model()->set_tie_embeddings(true);
-    return c;
-  };
-  RunResult ref;
-  {
-    Trainer trainer(with_tie(tiny_lm(2 * kMicroBatch, 0, 2)),
-                    {.write_outputs = false, .console = nullptr, .comm = nullptr});
-    for (int i = 0; i < kSteps; ++i) {
-      const worker::StepResult r = trainer.step();
-      ref.losses.push_back(r.loss);
-      ref.norms.push_back(r.grad_norm);
-    }
-    ref.params.push_back(trainer.engine().gather_parameters());
-  }
+  const Variant tied{.tie = true};
+  const RunResult ref = reference(2, 2, tied);
   for (int stage : {2, 3}) {
-    RunResult got;
-    got.params.resize(2);
-    std::mutex mu;
-    testing::run_gloo_ranks(2, 30s, [&](comm::Communicator& comm) {
-      std::shared_ptr<comm::Communicator> shared(&comm, [](comm::Communicator*) {});
-      Trainer trainer(with_tie(tiny_lm(kMicroBatch, stage, 2)),
-                      {.write_outputs = false, .console = nullptr, .comm = shared});
-      std::vector<float> losses, norms;
-      for (int i = 0; i < kSteps; ++i) {
-        const worker::StepResult r = trainer.step();
-        losses.push_back(r.loss);
-        norms.push_back(r.grad_norm);
-      }
-      auto params = trainer.engine().gather_parameters();
-      std::lock_guard<std::mutex> lock(mu);
-      if (comm.rank() == 0) {
-        got.losses = losses;
-        got.norms = norms;
-      }
-      got.params[static_cast<std::size_t>(comm.rank())] = std::move(params);
-    });
-    expect_same_training(got, ref, fmt::format("tied, stage {}", stage));
+    expect_same_training(train(2, stage, 2, tied), ref, fmt::format("tied, stage {}", stage));
   }
 }
 
 TEST(DataParallelEngine, FirstBucketAllReduceStartsBeforeBackwardEnds) {
   // Buckets of one block each: the head's all-reduce is queued long before
   // block 0's backward ends.
-  const RunResult r = train(2, 0, 1, /*bucket_mb=*/0.001);
+  const RunResult r = train(2, 0, 1, Variant{.bucket_mb = 0.001});
   EXPECT_TRUE(r.overlapped);
 }
 
