@@ -75,4 +75,10 @@ void Engine::step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_sca
 
 std::vector<float> Engine::gather_parameters() { return impl_->gather_parameters(); }
 
+std::vector<StateSlice> Engine::owned_state() { return impl_->state_slices(/*owned_only=*/true); }
+
+std::vector<StateSlice> Engine::state_to_load() { return impl_->state_slices(/*owned_only=*/false); }
+
+void Engine::state_loaded() { impl_->invalidate_gathers(); }
+
 }  // namespace dtrain::sharding

@@ -63,6 +63,16 @@ struct CommStats {
   }
 };
 
+// A contiguous piece of this rank's training state, for checkpoints: elements
+// [range.offset, range.end()) of block `block`'s unpadded flat range of one
+// tensor ("params", "exp_avg" or "exp_avg_sq").
+struct StateSlice {
+  const char* tensor = "";
+  int block = 0;
+  Range range;
+  float* data = nullptr;
+};
+
 class Engine : public nn::BlockHooks {
  public:
   // Allocates this rank's buffers, initialises the parameters (identically on
@@ -99,6 +109,16 @@ class Engine : public nn::BlockHooks {
   // Every parameter, gathered, in layout order without padding (all ranks
   // take part). For tests, checkpoints and exports.
   std::vector<float> gather_parameters();
+
+  // What this rank saves: its owned slice of every block, for the parameters
+  // (fp32 masters) and both moments, whatever the stage, so the ranks write
+  // disjoint pieces in parallel. Pointers stay valid until the next step().
+  std::vector<StateSlice> owned_state();
+  // What this rank must load to resume, in any stage and world size (full
+  // blocks where the stage keeps full copies). Fill every slice, then call
+  // state_loaded().
+  std::vector<StateSlice> state_to_load();
+  void state_loaded();
 
   int stage() const { return options_.stage; }
   const MemoryStats& memory() const { return memory_; }

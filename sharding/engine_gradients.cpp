@@ -164,12 +164,7 @@ void Engine::Impl::optimizer_step(const nn::AdamWHyper& hyper, std::int64_t step
     }
   }
   for (auto& w : gathers) w.wait();
-  if (stage == 3) {  // the masters changed: gathered copies are stale
-    for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) {
-      if (s->work.valid()) s->work.wait();
-      s->block = -1;
-    }
-  }
+  if (stage == 3) invalidate_gathers();  // the masters changed: gathered copies are stale
 }
 
 }  // namespace dtrain::sharding

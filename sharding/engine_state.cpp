@@ -182,4 +182,36 @@ std::vector<float> Engine::Impl::gather_parameters() {
   return out;
 }
 
+// Slices of params / exp_avg / exp_avg_sq per block. owned_only: this rank's
+// owned elements (saving); otherwise whatever this stage keeps (loading):
+// stage 0 everything, stages 1-2 full parameters and owned moments, stage 3
+// owned parameters and moments.
+std::vector<StateSlice> Engine::Impl::state_slices(bool owned_only) {
+  std::vector<StateSlice> out;
+  const int stage = options_.stage;
+  for (int b = 0; b < blocks_; ++b) {
+    const std::size_t bi = as_size(b);
+    const Range own = owned_elements(numel_[bi], world_, rank_);
+    const Range all{0, numel_[bi]};
+    const bool full_params = stage < 3 && !owned_only;
+    const bool full_moments = stage == 0 && !owned_only;
+    float* p = stage == 3 ? params_.data() + shard_offset_[bi] : full_params_ptr(b, full_params ? 0 : own.offset);
+    float* m = stage == 0 ? exp_avg_.data() + full_offset_[bi] + (full_moments ? 0 : own.offset)
+                          : exp_avg_.data() + shard_offset_[bi];
+    float* v = stage == 0 ? exp_avg_sq_.data() + full_offset_[bi] + (full_moments ? 0 : own.offset)
+                          : exp_avg_sq_.data() + shard_offset_[bi];
+    out.push_back({"params", b, full_params ? all : own, p});
+    out.push_back({"exp_avg", b, full_moments ? all : own, m});
+    out.push_back({"exp_avg_sq", b, full_moments ? all : own, v});
+  }
+  return out;
+}
+
+void Engine::Impl::invalidate_gathers() {
+  for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) {
+    if (s->work.valid()) s->work.wait();
+    s->block = -1;
+  }
+}
+
 }  // namespace dtrain::sharding

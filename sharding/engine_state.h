@@ -47,6 +47,8 @@ struct Engine::Impl {
   double grad_sum_of_squares();
   void optimizer_step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
   std::vector<float> gather_parameters();
+  std::vector<StateSlice> state_slices(bool owned_only);
+  void invalidate_gathers();
 
  private:
   struct Slot {
@@ -59,6 +61,7 @@ struct Engine::Impl {
   };
 
   float* full_params(int b) { return params_.data() + full_offset_[b]; }
+  float* full_params_ptr(int b, std::int64_t at) { return params_.data() + full_offset_[b] + at; }
   float* full_grads(int b) { return grads_.data() + full_offset_[b]; }
   float* gather_buffer(int b);
   float* gradient_buffer(int b);
