@@ -121,6 +121,7 @@ class Engine : public nn::BlockHooks {
   void state_loaded();
 
   int stage() const { return options_.stage; }
+  const nn::ParameterLayout& layout() const { return layout_; }
   const MemoryStats& memory() const { return memory_; }
   const CommStats& comm_stats() const { return comm_stats_; }
   comm::Communicator& communicator() { return comm_; }

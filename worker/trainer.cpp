@@ -108,6 +108,10 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   engine_ = std::make_unique<sharding::Engine>(layout_, *comm_, eo);
   model_ = std::make_unique<nn::Transformer>(model_config_, layout_, t.micro_batch_size(), seq);
   model_->bind(engine_->pointers());
+  if (!is_rank0()) options_.console = nullptr;
+  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *comm_);
+  resumed_ = checkpointer_->resume(options_.console);
+  if (resumed_) step_ = resumed_->step;
 
   data::LoaderOptions lo;
   lo.name = "train";
@@ -115,10 +119,12 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   lo.rank = comm_->rank();
   lo.world = comm_->world_size();
   lo.seed = t.seed();
+  lo.start = resumed_ ? resumed_->data_position : 0;
   lo.shuffle = config_.data().shuffle();
   lo.prefetch = config_.data().prefetch();
   train_loader_ = std::make_unique<data::Loader>(datasets.train, lo);
   lo.name = "validation";
+  lo.start = 0;
   lo.shuffle = false;
   lo.prefetch = 0;
   val_loader_ = std::make_unique<data::Loader>(datasets.val, lo);
@@ -126,17 +132,18 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   schedule_ = nn::LrSchedule{config_.optimizer().lr(), config_.schedule().warmup_steps(),
                              t.steps(), parse_decay(config_.schedule().decay()),
                              config_.schedule().min_lr_ratio()};
-  if (!is_rank0()) options_.console = nullptr;
   if (options_.write_outputs && is_rank0()) {
     const std::filesystem::path out_dir = t.out_dir();
-    if (std::filesystem::exists(out_dir / "metrics.jsonl")) {
+    if (!resumed_ && std::filesystem::exists(out_dir / "metrics.jsonl")) {
       throw ConfigError("train.out_dir",
                         fmt::format("'{}' already holds a run (metrics.jsonl); nothing there is "
                                     "overwritten: choose a new directory with --set "
                                     "train.out_dir=DIR, or move the old run away",
                                     out_dir.string()));
     }
-    metrics_ = std::make_unique<MetricsWriter>(out_dir, false);
+    // A resumed run continues its metrics.jsonl (steps after the checkpoint
+    // that a crash cut short appear again, from the resumed step on).
+    metrics_ = std::make_unique<MetricsWriter>(out_dir, resumed_.has_value());
     const std::filesystem::path cfg_path = out_dir / "config.json";
     std::ofstream out(cfg_path);
     out << config_to_json(config_);
@@ -181,6 +188,8 @@ StepResult Trainer::step() {
   ++step_;
   return StepResult{step_, loss, lr, static_cast<float>(norm), seconds_since(t0)};
 }
+
+void Trainer::save_checkpoint() { checkpointer_->save(step_, train_loader_->position()); }
 
 EvalResult Trainer::evaluate() {
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
@@ -234,6 +243,9 @@ TrainSummary Trainer::run() {
       log_progress(r, tps, step_ms, seconds_since(start));
       window_seconds = 0.0;
       window_steps = 0;
+    }
+    if (checkpointer_->due(r.step) || (r.step == t.steps() && config_.checkpoint().every_steps() > 0)) {
+      save_checkpoint();
     }
     if ((t.eval_every() > 0 && r.step % t.eval_every() == 0) || r.step == t.steps()) {
       const EvalResult e = evaluate();

@@ -17,6 +17,7 @@
 #include "nn/transformer.h"
 #include "proto/config.pb.h"
 #include "sharding/engine.h"
+#include "worker/checkpointing.h"
 #include "worker/metrics.h"
 
 namespace dtrain::worker {
@@ -76,6 +77,10 @@ class Trainer {
   std::int64_t tokens_per_step() const;
   std::int64_t seq_len() const { return model_->seq_len(); }
   std::int64_t steps_done() const { return step_; }
+  // Where this run resumed from (nullopt: it started fresh).
+  const std::optional<ResumePoint>& resumed() const { return resumed_; }
+  // Saves a checkpoint of the state after steps_done() steps (collective).
+  void save_checkpoint();
 
  private:
   void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed);
@@ -88,6 +93,8 @@ class Trainer {
   nn::ParameterLayout layout_;
   std::shared_ptr<comm::Communicator> comm_;
   std::unique_ptr<sharding::Engine> engine_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::optional<ResumePoint> resumed_;
   std::unique_ptr<nn::Transformer> model_;
   std::unique_ptr<data::Loader> train_loader_;
   std::unique_ptr<data::Loader> val_loader_;

@@ -1,0 +1,139 @@
+// Resuming training from sharded checkpoints: on the same world size and
+// stage the continuation is bitwise identical to an uninterrupted run; on
+// another world size or ZeRO stage it trains the same model (resharding);
+// a corrupt newest step is reported and the previous one used.
+#include <fstream>
+#include <mutex>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "checkpoint/checkpoint.h"
+#include "support/temp_dir.h"
+#include "support/thread_ranks.h"
+#include "worker/config.h"
+#include "worker/trainer.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using worker::Trainer;
+
+constexpr int kGlobalBatch = 4;
+
+config::Config tiny_lm(int world, int stage, int steps, const std::string& dir, const std::string& resume) {
+  auto c = worker::parse_config_json(fmt::format(R"({{
+    "model": {{"kind": "lm", "vocab_size": 61, "d_model": 36, "n_heads": 3,
+              "n_layers": 2, "d_ff": 52, "max_seq_len": 16, "dropout": 0.1}},
+    "data": {{"kind": "synthetic", "seq_len": 16}},
+    "optimizer": {{"lr": 3e-3, "weight_decay": 0.1, "grad_clip": 1.0}},
+    "schedule": {{"warmup_steps": 3}},
+    "train": {{"steps": {}, "micro_batch_size": {}, "seed": 11}},
+    "parallel": {{"zero_stage": {}, "timeout_s": 30}},
+    "checkpoint": {{"dir": "{}", "every_steps": 3, "keep_last": 2, "resume": "{}"}}
+  }})", steps, kGlobalBatch / world, stage, dir, resume), {});
+  return c;
+}
+
+struct RunResult {
+  std::vector<float> losses;  // of the steps this run made
+  std::vector<float> params;
+  std::int64_t resumed_at = -1;
+};
+
+// Trains `world` ranks (threads) on a 12-step schedule until `steps` are done
+// (fewer: the run "crashes" there), resuming per `resume`.
+RunResult run(int world, int stage, int steps, const std::string& dir, const std::string& resume = "auto",
+              bool save = true) {
+  RunResult result;
+  std::mutex mu;
+  testing::run_gloo_ranks(world, 30s, [&](comm::Communicator& comm) {
+    std::shared_ptr<comm::Communicator> shared(&comm, [](comm::Communicator*) {});
+    Trainer trainer(tiny_lm(world, stage, 12, dir, resume),
+                    {.write_outputs = false, .console = nullptr, .comm = shared});
+    std::vector<float> losses;
+    while (trainer.steps_done() < steps) {
+      losses.push_back(trainer.step().loss);
+      if (save && trainer.steps_done() % 3 == 0) trainer.save_checkpoint();
+    }
+    auto params = trainer.engine().gather_parameters();
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm.rank() == 0) {
+      result.losses = losses;
+      result.params = std::move(params);
+      result.resumed_at = trainer.resumed() ? trainer.resumed()->step : -1;
+    }
+  });
+  return result;
+}
+
+TEST(CheckpointResume, SameWorldAndStageContinuesBitwiseIdentically) {
+  for (int stage : {0, 2, 3}) {
+    testing::TempDir a, b;
+    const RunResult whole = run(2, stage, 12, a.str(), "none");
+    run(2, stage, 6, b.str());                      // saves at 3 and 6, then "crashes"
+    const RunResult rest = run(2, stage, 12, b.str());    // resume=auto: from step 6
+    EXPECT_EQ(rest.resumed_at, 6);
+    ASSERT_EQ(rest.losses.size(), 6u);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(rest.losses[i], whole.losses[6 + i]) << "stage " << stage << " step " << 7 + i;
+    EXPECT_EQ(rest.params, whole.params) << "stage " << stage;
+  }
+}
+
+TEST(CheckpointResume, ReshardsOntoAnotherWorldSizeAndStage) {
+  testing::TempDir a, b;
+  const RunResult whole = run(2, 1, 9, a.str(), "none");
+  run(2, 1, 6, b.str());
+  for (auto [world, stage] : {std::pair{1, 3}, std::pair{4, 0}}) {
+    const RunResult rest =
+        run(world, stage, 9, b.str(), (std::filesystem::path(b.str()) / "step_000000006").string(), false);
+    EXPECT_EQ(rest.resumed_at, 6);
+    ASSERT_EQ(rest.losses.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], 1e-5 * std::abs(whole.losses[6 + i]))
+          << "world " << world << " stage " << stage;
+    }
+    double diff = 0.0, norm = 0.0;
+    for (std::size_t i = 0; i < whole.params.size(); ++i) {
+      diff += (rest.params[i] - whole.params[i]) * static_cast<double>(rest.params[i] - whole.params[i]);
+      norm += whole.params[i] * static_cast<double>(whole.params[i]);
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-5) << "world " << world << " stage " << stage;
+  }
+}
+
+TEST(CheckpointResume, CorruptNewestStepIsSkippedForThePreviousOne) {
+  testing::TempDir dir;
+  run(2, 2, 6, dir.str());  // steps 3 and 6 committed
+  const auto rank_file = std::filesystem::path(dir.str()) / "step_000000006" / "rank_00001.bin";
+  {
+    std::fstream f(rank_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    const char bad = 0x5a;
+    f.write(&bad, 1);
+  }
+  const auto report = checkpoint::verify_step(*checkpoint::default_env(), rank_file.parent_path());
+  EXPECT_FALSE(report.ok);
+  EXPECT_THAT(report.problem, ::testing::HasSubstr("rank_00001.bin"));
+  const RunResult rest = run(2, 2, 6, dir.str());
+  EXPECT_EQ(rest.resumed_at, 3);
+  EXPECT_EQ(rest.losses.size(), 3u);
+  // The corrupt step is kept aside, not deleted, and step 6 was committed again.
+  EXPECT_TRUE(std::filesystem::exists(dir.file("step_000000006.corrupt")));
+  EXPECT_TRUE(checkpoint::verify_step(*checkpoint::default_env(), dir.file("step_000000006")).ok);
+}
+
+TEST(CheckpointResume, ResumeFromAPathThatDoesNotVerifyFailsClearly) {
+  testing::TempDir dir;
+  try {
+    run(1, 0, 3, dir.str(), dir.file("step_000000042"));
+    FAIL() << "resumed from a step that does not exist";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("checkpoint.resume="));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("step_000000042"));
+  }
+}
+
+}  // namespace
+}  // namespace dtrain
