@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/process.h"
 #include "worker/config.h"
+#include "worker/signals.h"
 #include "worker/trainer.h"
 
 namespace {
@@ -47,6 +48,7 @@ void share_cores(const dtrain::cluster::Environment& env) {
 
 int main(int argc, char** argv) {
   dtrain::configure_malloc_for_training();
+  dtrain::worker::install_stop_signals();
   CLI::App app{"dtrain-worker: one rank of a dtrain training job"};
   std::string config_path;
   std::vector<std::string> overrides;
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
     dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm});
     const dtrain::worker::TrainSummary summary = trainer.run();
     if (rank0) print_summary(summary);
+    if (rank0 && summary.stopped_by_signal != 0) {
+      std::cout << "dtrain-worker: stopped early on a signal after saving; resume with checkpoint.resume=auto\n";
+    }
     return 0;
   } catch (const dtrain::TimeoutError& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << std::endl;

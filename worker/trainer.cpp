@@ -11,6 +11,7 @@
 #include "data/datasets.h"
 #include "nn/adamw.h"
 #include "worker/config.h"
+#include "worker/signals.h"
 
 namespace dtrain::worker {
 
@@ -182,11 +183,16 @@ StepResult Trainer::step() {
   const float lr = schedule_.at(step_);
   const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
   engine_->step(hyper, step_ + 1, clip);
-  // The loss of the whole global batch: the mean over ranks.
-  float loss = loss_sum / static_cast<float>(accum);
-  if (comm_->world_size() > 1) comm_->allreduce(&loss, 1, DType::f32, comm::ReduceOp::avg).wait();
+  // The loss of the whole global batch (the mean over ranks), and whether any
+  // rank was asked to stop: every rank sees the same answer at this boundary.
+  const int signal = stop_signal();
+  float shared[3] = {loss_sum / static_cast<float>(accum), signal != 0 ? 1.0f : 0.0f,
+                     static_cast<float>(signal)};
+  if (comm_->world_size() > 1) comm_->allreduce(shared, 3, DType::f32, comm::ReduceOp::avg).wait();
   ++step_;
-  return StepResult{step_, loss, lr, static_cast<float>(norm), seconds_since(t0)};
+  StepResult result{step_, shared[0], lr, static_cast<float>(norm), seconds_since(t0)};
+  if (shared[1] > 0.0f) result.stop_signal = signal != 0 ? signal : static_cast<int>(shared[2] / shared[1] + 0.5f);
+  return result;
 }
 
 void Trainer::save_checkpoint() { checkpointer_->save(step_, train_loader_->position()); }
@@ -243,6 +249,15 @@ TrainSummary Trainer::run() {
       log_progress(r, tps, step_ms, seconds_since(start));
       window_seconds = 0.0;
       window_steps = 0;
+    }
+    if (r.stop_signal != 0) {  // preemption: save where we are and stop
+      save_checkpoint();
+      if (options_.console != nullptr) {
+        *options_.console << fmt::format("stopping after step {} on signal {}: checkpoint saved in {}\n", r.step,
+                                         r.stop_signal, checkpointer_->root().string());
+      }
+      summary.stopped_by_signal = r.stop_signal;
+      break;
     }
     if (checkpointer_->due(r.step) || (r.step == t.steps() && config_.checkpoint().every_steps() > 0)) {
       save_checkpoint();

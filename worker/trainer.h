@@ -36,6 +36,7 @@ struct StepResult {
   float lr = 0.0f;
   float grad_norm = 0.0f;  // before clipping
   double seconds = 0.0;    // wall time of the step
+  int stop_signal = 0;     // some rank received SIGTERM/SIGUSR1 (agreed by every rank)
 };
 
 struct EvalResult {
@@ -50,6 +51,7 @@ struct TrainSummary {
   std::optional<EvalResult> final_eval;
   double seconds = 0.0;
   double tokens_per_s = 0.0;  // over all steps after the first
+  int stopped_by_signal = 0;  // the run saved and stopped early on this signal
 };
 
 // The model described by the config's model section (and the dataset's shape).

@@ -16,6 +16,7 @@
 #include "support/processes.h"
 #include "support/run_command.h"
 #include "support/temp_dir.h"
+#include "support/run_command.h"
 
 namespace dtrain::testing {
 namespace {
@@ -112,6 +113,29 @@ TEST(WorkerDistributed, KilledRankMakesTheOtherExitWithAnError) {
   EXPECT_EQ(procs[0].exit_code(), 2) << procs[0].log();
   EXPECT_THAT(procs[0].log(), HasSubstr("dtrain-worker: error: rank 0: "));
   EXPECT_THAT(procs[0].log(), HasSubstr("rank 1 did not reach"));
+}
+
+TEST(WorkerDistributed, SignalToOneRankSavesOnEveryRankThenResumeFinishes) {
+  TempDir dir;
+  auto procs = start_workers(dir, 2, {"train.steps=100000", "parallel.zero_stage=1",
+                                      "checkpoint.dir=" + dir.file("ckpt")});
+  std::this_thread::sleep_for(3s);  // training is under way
+  ::kill(procs[1].pid, SIGUSR1);     // as Slurm's --signal would, but to one rank only
+  ASSERT_TRUE(wait_all(procs, 60s)) << "a worker hung: " << procs[0].log();
+  for (auto& p : procs) EXPECT_EQ(p.exit_code(), 0) << p.log();
+  EXPECT_THAT(procs[0].log(), HasSubstr("on signal 10: checkpoint saved"));
+  const std::string latest = read_file(dir / "ckpt" / "latest");
+  ASSERT_THAT(latest, HasSubstr("step_"));
+  const long saved = std::stol(latest.substr(latest.find('_') + 1));
+  // Resume on one rank and finish three more steps.
+  const auto config = dir / "tiny.json";
+  const auto r = run_command(fmt::format(
+      "{}/dtrain-worker --config {} --set train.out_dir={} --set checkpoint.dir={} --set checkpoint.resume=auto "
+      "--set train.steps={} --set train.micro_batch_size=8",
+      bin_dir(), config.string(), dir.file("dp"), dir.file("ckpt"), saved + 3));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(fmt::format("resumed from {}", (dir / "ckpt" / fmt::format("step_{:09}", saved)).string())));
+  EXPECT_THAT(r.output, HasSubstr("saved by 2 rank(s) at ZeRO stage 1"));
 }
 
 }  // namespace

@@ -1,0 +1,56 @@
+// dtrain-ckpt: look into and convert dtrain checkpoints.
+//   dtrain-ckpt inspect DIR
+//   dtrain-ckpt verify DIR                      (exit 1 when a step fails to verify)
+//   dtrain-ckpt export DIR --format safetensors --out FILE
+// DIR: a checkpoint root (inspect and export use the step `latest` names) or a
+// step directory (step_NNNNNNNNN).
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/error.h"
+#include "tools/ckpt_commands.h"
+
+namespace {
+
+CLI::App* add_dir_command(CLI::App& app, const char* name, const char* description, std::string& dir) {
+  CLI::App* cmd = app.add_subcommand(name, description);
+  cmd->add_option("DIR", dir, "checkpoint root or step directory")->required();
+  return cmd;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dtrain-ckpt: inspect, verify and export dtrain checkpoints"};
+  app.require_subcommand(1);
+  std::string inspect_dir, verify_dir;
+  CLI::App* inspect = add_dir_command(app, "inspect", "manifest, model and parameter layout of a step", inspect_dir);
+  CLI::App* verify = add_dir_command(app, "verify", "check the files and checksums of committed steps", verify_dir);
+  dtrain::tools::CkptExportOptions export_options;
+  std::string export_dir, export_out;
+  CLI::App* exporter = add_dir_command(app, "export", "write the fp32 parameters in another format", export_dir);
+  exporter->add_option("--format", export_options.format, "output format")
+      ->check(CLI::IsMember({"safetensors"}))->capture_default_str();
+  exporter->add_option("--out", export_out, "file to create (never overwritten)")->required();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);
+    if (verify->parsed()) return dtrain::tools::run_ckpt_verify(verify_dir, std::cout);
+    if (exporter->parsed()) {
+      export_options.dir = export_dir;
+      export_options.out = export_out;
+      return dtrain::tools::run_ckpt_export(export_options, std::cout);
+    }
+  } catch (const dtrain::Error& e) {
+    std::cerr << "dtrain-ckpt: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "dtrain-ckpt: unexpected error: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}
