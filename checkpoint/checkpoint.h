@@ -1,4 +1,4 @@
-// Sharded checkpoints on shared storage (docs/DESIGN.md "Checkpoint layout"):
+// Sharded checkpoints on shared storage (docs/ARCHITECTURE.md, checkpoint/):
 //
 //   root/.pending_step_000000200/   written first, by every rank
 //   root/step_000000200/manifest.pb the pending dir renamed once the manifest is in

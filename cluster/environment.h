@@ -1,5 +1,5 @@
 // cluster::Environment: who this process is in the job, read from whichever
-// starter set its environment (DESIGN.md, "Process contract"):
+// starter set its environment (docs/ARCHITECTURE.md, "Process contract"):
 //   dtrain-launch  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK, ... (wins over the rest)
 //   mpirun         OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE/_NODE_RANK
 //   srun           SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, ...

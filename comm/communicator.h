@@ -1,4 +1,4 @@
-// comm::Communicator: collectives over one group of ranks (DESIGN.md, "Core
+// comm::Communicator: collectives over one group of ranks (docs/ARCHITECTURE.md, "Core
 // abstractions"). Every call is asynchronous: it queues the operation for the
 // communicator's comm thread and returns a Work. The comm thread runs
 // operations one at a time in submission order, so all ranks issue the same

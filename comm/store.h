@@ -1,5 +1,5 @@
 // comm::Store: the small key-value store every process of a run meets at
-// (DESIGN.md, "Core abstractions"). Ranks publish addresses, unique ids and
+// (docs/ARCHITECTURE.md, "Core abstractions"). Ranks publish addresses, unique ids and
 // heartbeats through it; the launcher, or rank 0 without one, hosts it.
 //
 // Contract shared by every implementation (MemoryStore for thread-based

@@ -1,4 +1,4 @@
-// Per-block hooks (DESIGN.md): a model calls them around each block so that
+// Per-block hooks (docs/ARCHITECTURE.md): a model calls them around each block so that
 // the engine that owns the flat buffers can act on block boundaries. DDP starts
 // a bucket's all-reduce in after_backward (the block's gradients are final);
 // ZeRO-3 gathers a block's parameters in before_* and releases them in after_*.

@@ -1,7 +1,7 @@
 // nn::Tensor: a non-owning view (pointer, dtype, device, shape) of contiguous
 // row-major memory. Whoever creates a Tensor keeps its storage alive; layers
 // and kernels only read and write through views. Parameters in particular are
-// views into flat buffers owned outside the model (DESIGN.md, "Core abstractions").
+// views into flat buffers owned outside the model (docs/ARCHITECTURE.md, "Core abstractions").
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// sharding::Engine: the data-parallel engine (DESIGN.md, "Core abstractions").
+// sharding::Engine: the data-parallel engine (docs/ARCHITECTURE.md, "Core abstractions").
 // It owns the parameters, gradients and AdamW state of one rank for a ZeRO
 // stage, hands the model per-block views (pointers()), and acts on the
 // model's block hooks:

@@ -84,7 +84,7 @@ inline std::string format_row(const BenchRow& row) {
                      row.busbw, row.wrong);
 }
 
-// The `name: value` lines after the table (DESIGN.md, "Outputs").
+// The `name: value` lines after the table (docs/ARCHITECTURE.md, "Outputs").
 class BenchSummary {
  public:
   void add(const BenchRow& row) {

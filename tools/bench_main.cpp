@@ -1,4 +1,4 @@
-// dtrain-bench: benchmarks whose figures can be compared (DESIGN.md, "Command lines").
+// dtrain-bench: benchmarks whose figures can be compared (docs/ARCHITECTURE.md, "Command lines").
 //   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--set a.b=v ...]
 //       (multi-rank under mpirun, srun or dtrain-launch: ZeRO stage parallel.zero_stage)
 //   dtrain-bench allreduce|reduce_scatter|allgather|broadcast --backend auto|gloo|mpi|nccl

@@ -200,7 +200,13 @@ int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out) {
   int failed = 0;
   for (const std::filesystem::path& step : steps) {
     const ck::StepReport report = ck::verify_step(env, step);
-    out << fmt::format("{}: {}\n", step.string(), report.ok ? "OK" : report.problem);
+    if (report.ok) {
+      out << fmt::format("{}: OK\n", step.string());
+    } else if (report.problem.find(step.string()) != std::string::npos) {
+      out << fmt::format("FAILED: {}\n", report.problem);  // it names the step already
+    } else {
+      out << fmt::format("{}: FAILED: {}\n", step.string(), report.problem);
+    }
     if (!report.ok) ++failed;
   }
   out << fmt::format("{} of {} step(s) verified\n", steps.size() - static_cast<std::size_t>(failed), steps.size());

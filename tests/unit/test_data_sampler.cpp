@@ -22,7 +22,7 @@ TEST(Sampler, LmWindowsOverlapByOneToken) {
 }
 
 TEST(Sampler, GlobalSampleMatchesDesignFormula) {
-  // DESIGN.md: global micro-batch g, sample j = r*B + i is global sample g*W*B + j.
+  // docs/ARCHITECTURE.md: global micro-batch g, sample j = r*B + i is global sample g*W*B + j.
   EXPECT_EQ(global_sample(0, 3, 1, 2, 4, 5), 3 * 4 * 5 + 1 * 5 + 2);
   EXPECT_EQ(global_sample(1000, 0, 0, 0, 8, 2), 1000);
 }
