@@ -111,6 +111,9 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   model_->bind(engine_->pointers());
   if (!is_rank0()) options_.console = nullptr;
   checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *comm_);
+  if (config_.checkpoint().async() && options_.console != nullptr) {
+    *options_.console << "note: checkpoint.async is not available yet; checkpoints are saved synchronously\n";
+  }
   resumed_ = checkpointer_->resume(options_.console);
   if (resumed_) step_ = resumed_->step;
 
