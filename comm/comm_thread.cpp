@@ -149,7 +149,11 @@ void CommThread::run_loop(std::shared_ptr<Shared> s) {
       s->queue.pop_front();
       broken = !s->broken.empty();
       if (!broken) {
-        work->op.deadline = std::chrono::steady_clock::now() + s->options.timeout;
+        {
+          // Work::wait reads the deadline under the work's own mutex.
+          std::lock_guard<std::mutex> work_lock(work->mu);
+          work->op.deadline = std::chrono::steady_clock::now() + s->options.timeout;
+        }
         s->current = work;
         s->current_failing = false;
       }
