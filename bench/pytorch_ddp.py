@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytorch_models import (VARIANTS, blas_library, build_model, load_config, make_batch,
+from pytorch_models import (VARIANTS, blas_library, prepare_model, load_config, make_batch,
                             make_optimizer, parse_figures, variant_env)
 
 # The fastest variants of bench/pytorch_train.py --allow-coretype here
@@ -66,21 +66,15 @@ def parse_args():
 
 # ---------------------------------------------------------------- one rank
 def run_rank(args, c):
-    """Trains one rank under torch.distributed.run; rank 0 prints the figures."""
+    """Trains one rank (started by this script's own launcher with RANK,
+    WORLD_SIZE and MASTER_* set); rank 0 prints the figures."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    torch.set_num_threads(args.threads)
     var = VARIANTS[args.variants]
-    torch.backends.mkldnn.enabled = var["mkldnn"]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    model = build_model(c, var["linear"])
-    if var["jit"]:
-        # As bench/pytorch_train.py; DDP wraps the scripted module.
-        torch._C._jit_override_can_fuse_on_cpu(torch._C._llvm_enabled())
-        model = torch.jit.script(model)
+    model = prepare_model(c, var, args.threads)  # DDP wraps the scripted module
     model = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=bool(args.bucket_view))
     opt = make_optimizer(model, c)
     gen = torch.Generator().manual_seed(1 + rank)  # each rank its own batches

@@ -163,6 +163,21 @@ def build_model(c, linear_impl):
     return model
 
 
+def prepare_model(c, var, threads):
+    """The model of config c in variant var on `threads` threads, seeded as
+    dtrain-independent baselines expect (seed 0), scripted for jit variants."""
+    import torch
+    torch.set_num_threads(threads)
+    torch.backends.mkldnn.enabled = var["mkldnn"]
+    torch.manual_seed(0)
+    model = build_model(c, var["linear"])
+    if var["jit"]:
+        # The CPU fuser (NNC) needs LLVM, which Debian's python3-torch lacks.
+        torch._C._jit_override_can_fuse_on_cpu(torch._C._llvm_enabled())
+        model = torch.jit.script(model)
+    return model
+
+
 def make_optimizer(model, c):
     import torch
     decay = [p for p in model.parameters() if p.dim() == 2]

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from pytorch_models import (CORETYPE_VARIANTS, VARIANTS, blas_library, build_model,
+from pytorch_models import (CORETYPE_VARIANTS, VARIANTS, blas_library, prepare_model,
                             flops_per_token, gemm_peak_gflops, load_config, make_batch,
                             make_optimizer, parse_figures, variant_env)
 
@@ -49,15 +49,8 @@ def parse_args():
 def run_variant(args, c):
     """Trains in this process; prints the variant's figures as name: value lines."""
     import torch
-    torch.set_num_threads(args.threads)
     var = VARIANTS[args.variant]
-    torch.backends.mkldnn.enabled = var["mkldnn"]
-    torch.manual_seed(0)
-    model = build_model(c, var["linear"])
-    if var["jit"]:
-        # The CPU fuser (NNC) needs LLVM, which Debian's python3-torch lacks.
-        torch._C._jit_override_can_fuse_on_cpu(torch._C._llvm_enabled())
-        model = torch.jit.script(model)
+    model = prepare_model(c, var, args.threads)
     opt = make_optimizer(model, c)
     gen = torch.Generator().manual_seed(1)
     times = []
