@@ -11,6 +11,8 @@ packages=(
   protobuf-compiler libprotobuf-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libdnnl-dev zlib1g-dev
   libboost-dev libgloo-dev openmpi-bin libopenmpi-dev
+  # tests: a real Slurm cluster (tests/cluster), network namespaces
+  slurm-wlm munge iproute2
   # data the examples train on
   dataset-fashion-mnist fortunes
 )
