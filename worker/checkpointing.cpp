@@ -1,6 +1,7 @@
 #include "worker/checkpointing.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -13,6 +14,9 @@ namespace dtrain::worker {
 namespace {
 
 namespace ck = dtrain::checkpoint;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // checkpoint.dir, or out_dir/checkpoints when unset.
 std::filesystem::path checkpoint_root(const config::Config& c) {
@@ -41,20 +45,26 @@ std::vector<std::string> allgather_bytes(comm::Communicator& comm, const std::st
   return out;
 }
 
-// Rank 0 decides, every rank learns the outcome: an error on rank 0 becomes
-// an error on every rank instead of a rank waiting for a commit that never comes.
-void agree(comm::Communicator& comm, bool ok_on_rank0, const std::string& what) {
-  float ok = ok_on_rank0 ? 1.0f : 0.0f;
-  comm.broadcast(&ok, 1, DType::f32, 0).wait();
-  if (ok != 0.0f) return;
-  if (comm.rank() == 0) throw IoError(what);
-  throw IoError(fmt::format("rank 0 failed a checkpoint step (see its log): {}", what));
+// Rank 0 decides, every rank learns the outcome and rank 0's reason: an
+// error on rank 0 becomes an error on every rank instead of a rank waiting
+// for a commit that never comes. `error` is rank 0's ("" = success).
+void agree(comm::Communicator& comm, const std::string& error, const std::string& what) {
+  const std::string reason = allgather_bytes(comm, comm.rank() == 0 ? error : std::string())[0];
+  if (reason.empty()) return;
+  if (comm.rank() == 0) throw IoError(fmt::format("{}: {}", what, reason));
+  throw IoError(fmt::format("{}: {} (reported by rank 0)", what, reason));
 }
 
 }  // namespace
 
-Checkpointer::Checkpointer(const config::Config& config, sharding::Engine& engine, comm::Communicator& comm)
-    : config_(config), engine_(engine), comm_(comm), root_(checkpoint_root(config)) {}
+Checkpointer::Checkpointer(const config::Config& config, sharding::Engine& engine, comm::Communicator& comm,
+                           ck::Env* env)
+    : config_(config), engine_(engine), comm_(comm), env_(env != nullptr ? *env : *ck::default_env()),
+      root_(checkpoint_root(config)) {}
+
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+}
 
 // Committed steps newer than the one resumed from failed to verify. They are
 // kept (renamed "<step dir>.corrupt", never deleted) so this run can commit
@@ -62,15 +72,14 @@ Checkpointer::Checkpointer(const config::Config& config, sharding::Engine& engin
 void Checkpointer::set_aside_corrupt_steps(std::int64_t resumed_step, std::ostream* console) {
   comm_.barrier().wait();  // every rank has finished reading
   if (comm_.rank() == 0) {
-    ck::Env& env = *ck::default_env();
     for (const ck::StepReport& s : set_aside_) {
-      if (s.step <= resumed_step || !env.is_directory(s.dir) || s.dir.filename().string().rfind("step_", 0) != 0) {
+      if (s.step <= resumed_step || !env_.is_directory(s.dir) || s.dir.filename().string().rfind("step_", 0) != 0) {
         continue;
       }
       std::filesystem::path target = s.dir.string() + ".corrupt";
-      for (int i = 1; env.exists(target); ++i) target = fmt::format("{}.corrupt.{}", s.dir.string(), i);
-      env.rename(s.dir, target);
-      env.sync_dir(root_);
+      for (int i = 1; env_.exists(target); ++i) target = fmt::format("{}.corrupt.{}", s.dir.string(), i);
+      env_.rename(s.dir, target);
+      env_.sync_dir(root_);
       if (console != nullptr) *console << fmt::format("checkpoint: kept {} as {}\n", s.dir.string(), target.string());
     }
   }
@@ -83,32 +92,50 @@ bool Checkpointer::due(std::int64_t step) const {
   return every > 0 && step % every == 0;
 }
 
-void Checkpointer::save(std::int64_t step, std::int64_t data_position) {
-  ck::Env& env = *ck::default_env();
+// Rank 0 makes room for the step (refusing a committed one); every rank learns whether it could.
+void Checkpointer::begin(std::int64_t step) {
   std::string error;
   if (comm_.rank() == 0) {
     try {
-      env.create_directories(root_);
-      ck::prepare_step(env, root_, step);
+      env_.create_directories(root_);
+      ck::prepare_step(env_, root_, step);
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  agree(comm_, error.empty(), fmt::format("preparing checkpoint step {} in '{}': {}", step, root_.string(), error));
-  std::vector<ck::RangeData> ranges;
-  for (const sharding::StateSlice& s : engine_.owned_state()) {
-    ranges.push_back({ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, s.data});
+  agree(comm_, error, fmt::format("preparing checkpoint step {} in '{}'", step, root_.string()));
+}
+
+// This rank's file, written and fsync'd; returns what rank 0 needs to commit:
+// "1" + the file's records (a serialized Manifest part), or "0" + what failed.
+// Never throws, so a rank that cannot write still takes part in the commit's
+// collectives and every rank learns of the failure instead of waiting for it.
+std::string Checkpointer::write_part(std::int64_t step, const std::vector<ck::RangeData>& ranges) {
+  try {
+    const ck::RankFileRecord record = ck::write_rank_file(env_, ck::pending_dir(root_, step), comm_.rank(), ranges);
+    last_save_.bytes = record.size;
+    ck::Manifest mine;
+    ck::add_records(record, &mine);
+    std::string part = "1";
+    part.append(mine.SerializeAsString());
+    return part;
+  } catch (const std::exception& e) {
+    return fmt::format("0rank {} could not write its file: {}", comm_.rank(), e.what());
   }
-  ck::Manifest mine;
-  ck::add_records(ck::write_rank_file(env, ck::pending_dir(root_, step), comm_.rank(), ranges), &mine);
-  const std::vector<std::string> all = allgather_bytes(comm_, mine.SerializeAsString());
+}
+
+void Checkpointer::commit(std::int64_t step, std::int64_t data_position, const std::string& part) {
+  const std::vector<std::string> all = allgather_bytes(comm_, part);
+  std::string error;
   if (comm_.rank() == 0) {
     try {
       ck::Manifest manifest;
       for (const auto& bytes : all) {
-        ck::Manifest part;
-        DTRAIN_CHECK(part.ParseFromString(bytes), "a rank's checkpoint records do not parse");
-        manifest.MergeFrom(part);
+        if (bytes.empty() || bytes[0] != '1') throw IoError(bytes.empty() ? "a rank sent nothing" : bytes.substr(1));
+        ck::Manifest piece;
+        DTRAIN_CHECK(piece.ParseFromArray(bytes.data() + 1, static_cast<int>(bytes.size() - 1)),
+                     "a rank's checkpoint records do not parse");
+        manifest.MergeFrom(piece);
       }
       for (const nn::BlockSpec& b : engine_.layout().blocks()) {
         ck::Block* block = manifest.add_blocks();
@@ -121,19 +148,82 @@ void Checkpointer::save(std::int64_t step, std::int64_t data_position) {
       manifest.set_zero_stage(config_.parallel().zero_stage());
       manifest.set_data_position(data_position);
       manifest.set_optimizer_step(step);
-      ck::commit_step(env, root_, manifest);
-      ck::remove_old_steps(env, root_, config_.checkpoint().keep_last());
+      ck::commit_step(env_, root_, manifest);
+      ck::remove_old_steps(env_, root_, config_.checkpoint().keep_last());
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  agree(comm_, error.empty(), fmt::format("committing checkpoint step {} in '{}': {}", step, root_.string(), error));
+  agree(comm_, error,
+        fmt::format("committing checkpoint step {} in '{}' (committed steps are untouched)", step, root_.string()));
+}
+
+void Checkpointer::save(std::int64_t step, std::int64_t data_position) {
+  finish_save();
+  const auto t0 = Clock::now();
+  begin(step);
+  std::vector<ck::RangeData> ranges;
+  for (const sharding::StateSlice& s : engine_.owned_state()) {
+    ranges.push_back({ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, s.data});
+  }
+  const auto w0 = Clock::now();
+  const std::string part = write_part(step, ranges);
+  const double write_s = seconds_since(w0);
+  commit(step, data_position, part);
+  last_save_.step = step;
+  last_save_.write_s = write_s;
+  last_save_.blocked_s = seconds_since(t0);
+}
+
+// The owned state copied into snapshot_ (allocated and touched by the first
+// async save, reused after), as ranges over the copy.
+std::vector<ck::RangeData> Checkpointer::snapshot() {
+  const std::vector<sharding::StateSlice> slices = engine_.owned_state();
+  std::size_t total = 0;
+  for (const auto& s : slices) total += static_cast<std::size_t>(s.range.size);
+  if (snapshot_.size() != total) snapshot_.assign(total, 0.0f);
+  std::vector<ck::RangeData> ranges;
+  std::size_t at = 0;
+  for (const auto& s : slices) {
+    const auto n = static_cast<std::size_t>(s.range.size);
+    if (n > 0) std::memcpy(snapshot_.data() + at, s.data, n * sizeof(float));
+    ranges.push_back({ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, snapshot_.data() + at});
+    at += n;
+  }
+  return ranges;
+}
+
+void Checkpointer::start_save(std::int64_t step, std::int64_t data_position) {
+  finish_save();
+  const auto t0 = Clock::now();
+  begin(step);
+  std::vector<ck::RangeData> ranges = snapshot();
+  written_.store(false, std::memory_order_relaxed);
+  writer_ = std::thread([this, step, ranges = std::move(ranges)] {
+    const auto w0 = Clock::now();
+    written_part_ = write_part(step, ranges);
+    written_seconds_ = seconds_since(w0);
+    written_.store(true, std::memory_order_release);
+  });
+  pending_ = Pending{step, data_position, seconds_since(t0)};
+}
+
+void Checkpointer::finish_save() {
+  if (!pending_) return;
+  const auto t0 = Clock::now();
+  writer_.join();
+  const Pending p = *pending_;
+  pending_.reset();
+  commit(p.step, p.data_position, written_part_);
+  last_save_.step = p.step;
+  last_save_.write_s = written_seconds_;
+  last_save_.blocked_s = p.blocked_s + seconds_since(t0);
 }
 
 std::optional<ResumePoint> Checkpointer::resume(std::ostream* console) {
   const std::string& how = config_.checkpoint().resume();
   if (how == "none") return std::nullopt;
-  ck::Env& env = *ck::default_env();
+  ck::Env& env = env_;
   ck::Manifest manifest;
   std::filesystem::path dir;
   if (how == "auto") {

@@ -2,17 +2,32 @@
 // owned slices in parallel, rank 0 commits the step once every rank's file is
 // durable, and a resume reads whatever ranges the current world size and ZeRO
 // stage need from whichever files hold them.
-// One training thread per rank calls everything; all ranks call save()
-// together (it is collective).
+//
+// Asynchronous saves (checkpoint.async): start_save() copies this rank's state
+// into a reused host buffer and a background thread writes and fsyncs the rank
+// file while training goes on. The background thread only writes: gathering
+// every rank's records and the commit stay on the training thread
+// (finish_save), because collectives issued from two threads could reach the
+// ranks in different orders. The trainer finishes a save at the first step
+// boundary where every rank's write is done (agreed through the step's loss
+// all-reduce), before the next save, and before it returns. At most one save
+// is in flight.
+//
+// One training thread per rank calls everything; all ranks call save(),
+// start_save(), finish_save() and resume() together (they are collective).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
-#include <vector>
 #include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/env.h"
 #include "comm/communicator.h"
 #include "proto/config.pb.h"
 #include "sharding/engine.h"
@@ -25,9 +40,24 @@ struct ResumePoint {
   std::filesystem::path dir;        // the step directory loaded
 };
 
+// What the last committed save cost this rank.
+struct SaveTimes {
+  std::int64_t step = -1;
+  std::uint64_t bytes = 0;      // this rank's file
+  double blocked_s = 0.0;       // the training thread waited this long (all of a sync save)
+  double write_s = 0.0;         // writing and fsyncing the rank file
+};
+
 class Checkpointer {
  public:
-  Checkpointer(const config::Config& config, sharding::Engine& engine, comm::Communicator& comm);
+  // `env`: where files go (null: the real file system); must outlive this.
+  Checkpointer(const config::Config& config, sharding::Engine& engine, comm::Communicator& comm,
+               checkpoint::Env* env = nullptr);
+  // Waits for a background write still running; it does not commit (that is
+  // collective): a save not finished by finish_save() stays uncommitted.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
 
   // Loads the checkpoint checkpoint.resume names ("auto": the newest committed
   // step that verifies; a path: exactly that step) into the engine. nullopt:
@@ -36,20 +66,51 @@ class Checkpointer {
 
   // Whether step `step` (just done) is one to save at.
   bool due(std::int64_t step) const;
-  // Saves the engine's state after `step` steps (collective); rank 0 commits
-  // it and then deletes committed steps beyond checkpoint.keep_last.
+  // Saves the engine's state after `step` steps and commits it (a save in
+  // flight is finished first); rank 0 then deletes committed steps beyond
+  // checkpoint.keep_last. Any rank's failure is an IoError on every rank.
   void save(std::int64_t step, std::int64_t data_position);
 
+  // Finishes a save in flight, snapshots the engine's state and starts
+  // writing it in the background. The engine may change as soon as this returns.
+  void start_save(std::int64_t step, std::int64_t data_position);
+  // A save is in flight (same answer on every rank).
+  bool in_flight() const { return pending_.has_value(); }
+  // This rank's background write is over (or nothing is in flight). Any thread.
+  bool write_done() const { return !pending_ || written_.load(std::memory_order_acquire); }
+  // Waits for this rank's write, then gathers and commits (no-op when nothing is in flight).
+  void finish_save();
+
+  const SaveTimes& last_save() const { return last_save_; }
   const std::filesystem::path& root() const { return root_; }
 
  private:
+  struct Pending {
+    std::int64_t step = 0;
+    std::int64_t data_position = 0;
+    double blocked_s = 0.0;
+  };
+  void begin(std::int64_t step);
+  std::vector<checkpoint::RangeData> snapshot();
+  std::string write_part(std::int64_t step, const std::vector<checkpoint::RangeData>& ranges);
+  void commit(std::int64_t step, std::int64_t data_position, const std::string& part);
+  void set_aside_corrupt_steps(std::int64_t resumed_step, std::ostream* console);
+
   const config::Config& config_;
   sharding::Engine& engine_;
   comm::Communicator& comm_;
-  void set_aside_corrupt_steps(std::int64_t resumed_step, std::ostream* console);
-
+  checkpoint::Env& env_;
   std::filesystem::path root_;
   std::vector<checkpoint::StepReport> set_aside_;  // steps resume=auto skipped
+
+  // The save in flight: the snapshot the writer reads, its result.
+  std::vector<float> snapshot_;
+  std::optional<Pending> pending_;
+  std::thread writer_;
+  std::atomic<bool> written_{false};
+  std::string written_part_;       // set by the writer before written_
+  double written_seconds_ = 0.0;   // likewise
+  SaveTimes last_save_;
 };
 
 }  // namespace dtrain::worker

@@ -110,10 +110,7 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   model_ = std::make_unique<nn::Transformer>(model_config_, layout_, t.micro_batch_size(), seq);
   model_->bind(engine_->pointers());
   if (!is_rank0()) options_.console = nullptr;
-  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *comm_);
-  if (config_.checkpoint().async() && options_.console != nullptr) {
-    *options_.console << "note: checkpoint.async is not available yet; checkpoints are saved synchronously\n";
-  }
+  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *comm_, options_.checkpoint_env);
   resumed_ = checkpointer_->resume(options_.console);
   if (resumed_) step_ = resumed_->step;
 
@@ -188,17 +185,24 @@ StepResult Trainer::step() {
   engine_->step(hyper, step_ + 1, clip);
   // The loss of the whole global batch (the mean over ranks), and whether any
   // rank was asked to stop: every rank sees the same answer at this boundary.
+  // The same all-reduce tells whether every rank's background checkpoint
+  // write is done (the mean of 0/1 flags is 1 exactly when all are 1).
   const int signal = stop_signal();
-  float shared[3] = {loss_sum / static_cast<float>(accum), signal != 0 ? 1.0f : 0.0f,
-                     static_cast<float>(signal)};
-  if (comm_->world_size() > 1) comm_->allreduce(shared, 3, DType::f32, comm::ReduceOp::avg).wait();
+  float shared[4] = {loss_sum / static_cast<float>(accum), signal != 0 ? 1.0f : 0.0f,
+                     static_cast<float>(signal), checkpointer_->write_done() ? 1.0f : 0.0f};
+  if (comm_->world_size() > 1) comm_->allreduce(shared, 4, DType::f32, comm::ReduceOp::avg).wait();
   ++step_;
+  if (checkpointer_->in_flight() && shared[3] == 1.0f) checkpointer_->finish_save();
   StepResult result{step_, shared[0], lr, static_cast<float>(norm), seconds_since(t0)};
   if (shared[1] > 0.0f) result.stop_signal = signal != 0 ? signal : static_cast<int>(shared[2] / shared[1] + 0.5f);
   return result;
 }
 
 void Trainer::save_checkpoint() { checkpointer_->save(step_, train_loader_->position()); }
+
+void Trainer::start_checkpoint() { checkpointer_->start_save(step_, train_loader_->position()); }
+
+void Trainer::finish_checkpoint() { checkpointer_->finish_save(); }
 
 EvalResult Trainer::evaluate() {
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
@@ -232,6 +236,17 @@ EvalResult Trainer::evaluate() {
   return e;
 }
 
+// A stop signal (preemption) saves at once, before the evaluation that may
+// follow, so the checkpoint exists even if the grace period ends during it.
+void Trainer::checkpoint_after(const StepResult& r) {
+  const bool last = r.step == config_.train().steps() && config_.checkpoint().every_steps() > 0;
+  if (r.stop_signal != 0 || last) {
+    save_checkpoint();  // nothing left to overlap it with
+  } else if (checkpointer_->due(r.step)) {
+    config_.checkpoint().async() ? start_checkpoint() : save_checkpoint();
+  }
+}
+
 TrainSummary Trainer::run() {
   const config::Train& t = config_.train();
   const auto start = Clock::now();
@@ -253,8 +268,15 @@ TrainSummary Trainer::run() {
       window_seconds = 0.0;
       window_steps = 0;
     }
-    if (r.stop_signal != 0) {  // preemption: save where we are and stop
-      save_checkpoint();
+    if (options_.after_step && r.stop_signal == 0) options_.after_step(r);
+    checkpoint_after(r);
+    if ((t.eval_every() > 0 && r.step % t.eval_every() == 0) || r.step == t.steps()) {
+      const EvalResult e = evaluate();
+      if (metrics_) metrics_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
+      log_eval(e);
+      if (r.step == t.steps()) summary.final_eval = e;
+    }
+    if (r.stop_signal != 0) {
       if (options_.console != nullptr) {
         *options_.console << fmt::format("stopping after step {} on signal {}: checkpoint saved in {}\n", r.step,
                                          r.stop_signal, checkpointer_->root().string());
@@ -262,17 +284,11 @@ TrainSummary Trainer::run() {
       summary.stopped_by_signal = r.stop_signal;
       break;
     }
-    if (checkpointer_->due(r.step) || (r.step == t.steps() && config_.checkpoint().every_steps() > 0)) {
-      save_checkpoint();
-    }
-    if ((t.eval_every() > 0 && r.step % t.eval_every() == 0) || r.step == t.steps()) {
-      const EvalResult e = evaluate();
-      if (metrics_) metrics_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
-      log_eval(e);
-      if (r.step == t.steps()) summary.final_eval = e;
-    }
   }
-  if (metrics_) metrics_->log_end(step_, r.loss);
+  finish_checkpoint();  // a save still in flight commits before the run ends
+  // "end" means train.steps were reached: a run stopped by a signal resumes
+  // later and appends to the same file, which then reads as one run.
+  if (metrics_ && summary.stopped_by_signal == 0) metrics_->log_end(step_, r.loss);
   summary.steps = step_;
   summary.final_loss = r.loss;
   summary.seconds = seconds_since(start);

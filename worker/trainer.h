@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -22,12 +23,18 @@
 
 namespace dtrain::worker {
 
+struct StepResult;
+
 struct TrainerOptions {
   bool write_outputs = true;    // out_dir/config.json and metrics.jsonl (rank 0 only)
   std::ostream* console = nullptr;  // progress lines (rank 0 only); null = silent
   // The ranks this trainer trains with; null: a single process (the trainer
   // makes a world of one). Must outlive the Trainer.
   std::shared_ptr<comm::Communicator> comm;
+  // Where checkpoint files go (null: the file system); tests inject faults here.
+  checkpoint::Env* checkpoint_env = nullptr;
+  // Called by run() on every rank after each step, before any checkpoint of it.
+  std::function<void(const StepResult&)> after_step = {};
 };
 
 struct StepResult {
@@ -83,8 +90,16 @@ class Trainer {
   const std::optional<ResumePoint>& resumed() const { return resumed_; }
   // Saves a checkpoint of the state after steps_done() steps (collective).
   void save_checkpoint();
+  // The same, written in the background (checkpoint.async): start_checkpoint
+  // returns once the state is copied; finish_checkpoint waits and commits.
+  // step() commits a save in flight at the first boundary where every rank's
+  // write is done. Both collective.
+  void start_checkpoint();
+  void finish_checkpoint();
+  const Checkpointer& checkpointer() const { return *checkpointer_; }
 
  private:
+  void checkpoint_after(const StepResult& r);
   void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed);
   void log_eval(const EvalResult& e);
   bool is_rank0() const { return comm_->rank() == 0; }
