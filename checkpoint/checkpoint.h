@@ -108,7 +108,16 @@ Manifest read_manifest(Env& env, const std::filesystem::path& dir);
 // (file, tensor, block, expected vs found checksum or size).
 StepReport verify_step(Env& env, const std::filesystem::path& dir);
 
-// resume=auto: the manifest of the newest committed step that verifies, or
+// What verify_step checks except the ranges' checksums (manifest, every
+// file's presence, size and header): cheap enough for every rank before a
+// load, which checks the checksums of what it reads (read_range).
+StepReport check_step_files(Env& env, const std::filesystem::path& dir);
+
+// Step and pending dirs under root without a manifest (never committed),
+// each with why it is ignored.
+std::vector<StepReport> uncommitted_dirs(Env& env, const std::filesystem::path& root);
+
+// The manifest of the newest committed step that verifies, or
 // nullopt. Newer steps that fail, and pending dirs, go to `skipped` (if given).
 std::optional<Manifest> load_latest(Env& env, const std::filesystem::path& root,
                                     std::vector<StepReport>* skipped);

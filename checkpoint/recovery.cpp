@@ -47,7 +47,10 @@ void add_problem(StepReport& report, std::size_t& count, const std::string& prob
 
 }  // namespace
 
-StepReport verify_step(Env& env, const fs::path& dir) {
+namespace {
+
+// The manifest and every file's size and header; with `ranges`, every range's checksum too.
+StepReport check(Env& env, const fs::path& dir, bool ranges) {
   StepReport report{dir, parse_step_name(dir.filename().string()).value_or(-1), false, {}};
   Manifest m;
   try {
@@ -65,6 +68,7 @@ StepReport verify_step(Env& env, const fs::path& dir) {
     if (!problem.empty()) add_problem(report, problems, problem);
   }
   for (const RangeRecord& r : m.ranges()) {
+    if (!ranges) break;
     if (!file_ok[r.file()]) continue;  // already reported; reading it would only fail again
     try {
       const std::uint32_t found = read_record(env, dir, r, 0, 0, nullptr);
@@ -81,17 +85,27 @@ StepReport verify_step(Env& env, const fs::path& dir) {
   return report;
 }
 
-std::optional<Manifest> load_latest(Env& env, const fs::path& root, std::vector<StepReport>* skipped) {
+}  // namespace
+
+StepReport verify_step(Env& env, const fs::path& dir) { return check(env, dir, true); }
+
+StepReport check_step_files(Env& env, const fs::path& dir) { return check(env, dir, false); }
+
+std::vector<StepReport> uncommitted_dirs(Env& env, const fs::path& root) {
   std::vector<StepReport> reports;
-  if (env.is_directory(root)) {
-    for (const std::string& name : env.list_dir(root)) {
-      const auto step = parse_step_name(name);
-      if (!step || env.exists(root / name / kManifestName)) continue;
-      reports.push_back({root / name, *step, false,
-                         name.starts_with(kPendingPrefix) ? "never committed (save interrupted); ignored"
-                                                          : "no manifest.pb; ignored"});
-    }
+  if (!env.is_directory(root)) return reports;
+  for (const std::string& name : env.list_dir(root)) {
+    const auto step = parse_step_name(name);
+    if (!step || env.exists(root / name / kManifestName)) continue;
+    reports.push_back({root / name, *step, false,
+                       name.starts_with(kPendingPrefix) ? "never committed (save interrupted); ignored"
+                                                        : "no manifest.pb; ignored"});
   }
+  return reports;
+}
+
+std::optional<Manifest> load_latest(Env& env, const fs::path& root, std::vector<StepReport>* skipped) {
+  std::vector<StepReport> reports = uncommitted_dirs(env, root);
   std::optional<Manifest> found;
   for (const std::int64_t step : committed_steps(env, root)) {
     StepReport report = verify_step(env, step_dir(root, step));

@@ -1,6 +1,7 @@
 // dtrain-bench: benchmarks whose figures can be compared (docs/ARCHITECTURE.md, "Command lines").
 //   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--set a.b=v ...]
 //       (multi-rank under mpirun, srun or dtrain-launch: ZeRO stage parallel.zero_stage)
+//   dtrain-bench checkpoint --config FILE [--dir D] [--repeats R] [--set a.b=v ...]
 //   dtrain-bench allreduce|reduce_scatter|allgather|broadcast --backend auto|gloo|mpi|nccl
 //       [--min-bytes 8] [--max-bytes 64M] [--step-factor 2] [--iters 20] [--warmup 5]
 //       [--dtype f32|bf16|f16] [--op sum|avg|max] [--root R] [--timeout-s S]
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "core/process.h"
 #include "tools/bench_collectives.h"
+#include "tools/bench_checkpoint.h"
 #include "tools/bench_train.h"
 
 namespace {
@@ -58,12 +60,24 @@ CLI::App* add_collective_command(CLI::App& app, const char* name, const char* de
 
 }  // namespace
 
+CLI::App* add_checkpoint_command(CLI::App& app, dtrain::tools::CheckpointBenchOptions& o) {
+  CLI::App* cmd = app.add_subcommand("checkpoint", "checkpoint save/load throughput vs plain write/read; async blocking");
+  cmd->add_option("--config", o.config_path, "training config (JSON)")->required();
+  cmd->add_option("--dir", o.dir, "write under this directory (default: the temporary directory)");
+  cmd->add_option("--repeats", o.repeats, "rounds; figures are medians")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--set", o.overrides, "override a config field")->take_all();
+  return cmd;
+}
+
 int main(int argc, char** argv) {
   dtrain::configure_malloc_for_training();
   CLI::App app{"dtrain-bench: training and communication benchmarks"};
   app.require_subcommand(1);
   dtrain::tools::TrainBenchOptions train;
   CLI::App* train_cmd = add_train_command(app, train);
+  dtrain::tools::CheckpointBenchOptions checkpoint;
+  CLI::App* checkpoint_cmd = add_checkpoint_command(app, checkpoint);
   CollectiveBenchOptions collective;
   std::vector<CLI::App*> collective_cmds = {
       add_collective_command(app, "allreduce", "allreduce bandwidth and correctness", collective),
@@ -74,6 +88,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (train_cmd->parsed()) return dtrain::tools::run_train_bench(train);
+    if (checkpoint_cmd->parsed()) return dtrain::tools::run_checkpoint_bench(checkpoint);
     for (CLI::App* cmd : collective_cmds) {
       if (!cmd->parsed()) continue;
       collective.collective = cmd->get_name();

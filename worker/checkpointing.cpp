@@ -1,7 +1,12 @@
 #include "worker/checkpointing.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -55,15 +60,48 @@ void agree(comm::Communicator& comm, const std::string& error, const std::string
   throw IoError(fmt::format("{}: {} (reported by rank 0)", what, reason));
 }
 
+// Reads in flight at once while loading: storage serves several requests
+// faster than one (more queue depth), and the checksums are computed in parallel.
+constexpr int kReadThreads = 4;
+
+// Calls fn(0..n-1) on up to `threads` threads; rethrows the first exception.
+void for_each_parallel(std::size_t n, int threads, const std::function<void(std::size_t)>& fn) {
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr first;
+  auto run = [&] {
+    for (std::size_t i = next++; i < n; i = next++) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min<int>(threads, static_cast<int>(n)); ++t) pool.emplace_back(run);
+  run();
+  for (auto& t : pool) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(const config::Config& config, sharding::Engine& engine, comm::Communicator& comm,
                            ck::Env* env)
     : config_(config), engine_(engine), comm_(comm), env_(env != nullptr ? *env : *ck::default_env()),
-      root_(checkpoint_root(config)) {}
+      root_(checkpoint_root(config)) {
+  if (config_.checkpoint().async()) {  // the snapshot buffer, touched now rather than in the first save
+    std::size_t total = 0;
+    for (const auto& s : engine_.owned_state()) total += static_cast<std::size_t>(s.range.size);
+    snapshot_.assign(total, 0.0f);
+  }
+}
 
 Checkpointer::~Checkpointer() {
-  if (writer_.joinable()) writer_.join();
+  if (worker_.joinable()) worker_.join();
 }
 
 // Committed steps newer than the one resumed from failed to verify. They are
@@ -124,59 +162,105 @@ std::string Checkpointer::write_part(std::int64_t step, const std::vector<ck::Ra
   }
 }
 
-void Checkpointer::commit(std::int64_t step, std::int64_t data_position, const std::string& part) {
-  const std::vector<std::string> all = allgather_bytes(comm_, part);
-  std::string error;
-  if (comm_.rank() == 0) {
-    try {
-      ck::Manifest manifest;
-      for (const auto& bytes : all) {
-        if (bytes.empty() || bytes[0] != '1') throw IoError(bytes.empty() ? "a rank sent nothing" : bytes.substr(1));
-        ck::Manifest piece;
-        DTRAIN_CHECK(piece.ParseFromArray(bytes.data() + 1, static_cast<int>(bytes.size() - 1)),
-                     "a rank's checkpoint records do not parse");
-        manifest.MergeFrom(piece);
-      }
-      for (const nn::BlockSpec& b : engine_.layout().blocks()) {
-        ck::Block* block = manifest.add_blocks();
-        block->set_name(b.name);
-        block->set_numel(b.numel);
-      }
-      manifest.set_step(step);
-      manifest.set_config_json(config_to_json(config_));
-      manifest.set_world_size(comm_.world_size());
-      manifest.set_zero_stage(config_.parallel().zero_stage());
-      manifest.set_data_position(data_position);
-      manifest.set_optimizer_step(step);
-      ck::commit_step(env_, root_, manifest);
-      ck::remove_old_steps(env_, root_, config_.checkpoint().keep_last());
-    } catch (const Error& e) {
-      error = e.what();
-    }
+// Rank 0: the manifest of step `step` from every rank's part; IoError when a
+// rank could not write its file.
+ck::Manifest Checkpointer::manifest_from(const std::vector<std::string>& parts, std::int64_t step,
+                                         std::int64_t data_position) const {
+  ck::Manifest manifest = run_state_;
+  for (const auto& bytes : parts) {
+    if (bytes.empty() || bytes[0] != '1') throw IoError(bytes.empty() ? "a rank sent nothing" : bytes.substr(1));
+    ck::Manifest piece;
+    DTRAIN_CHECK(piece.ParseFromArray(bytes.data() + 1, static_cast<int>(bytes.size() - 1)),
+                 "a rank's checkpoint records do not parse");
+    manifest.MergeFrom(piece);
   }
-  agree(comm_, error,
-        fmt::format("committing checkpoint step {} in '{}' (committed steps are untouched)", step, root_.string()));
+  for (const nn::BlockSpec& b : engine_.layout().blocks()) {
+    ck::Block* block = manifest.add_blocks();
+    block->set_name(b.name);
+    block->set_numel(b.numel);
+  }
+  manifest.set_step(step);
+  manifest.set_config_json(config_to_json(config_));
+  manifest.set_world_size(comm_.world_size());
+  manifest.set_zero_stage(config_.parallel().zero_stage());
+  manifest.set_data_position(data_position);
+  manifest.set_optimizer_step(step);
+  return manifest;
+}
+
+// Moves the save in flight on by one phase; every rank calls it at the same
+// point, once every rank's background work is done (ready()).
+//   writing -> committing: the rank files' records are gathered; rank 0
+//     commits the step on the background thread (files only, no collectives).
+//   committing -> done: every rank learns whether rank 0 committed.
+void Checkpointer::advance() {
+  DTRAIN_CHECK(pending_.has_value(), "advance() without a save in flight");
+  const auto t0 = Clock::now();
+  if (worker_.joinable()) worker_.join();
+  Pending& p = *pending_;
+  if (p.phase == Phase::writing) {
+    last_save_.write_s = work_seconds_;
+    const std::vector<std::string> parts = allgather_bytes(comm_, written_part_);
+    p.phase = Phase::committing;
+    commit_error_.clear();
+    done_.store(true, std::memory_order_relaxed);
+    if (comm_.rank() == 0) {
+      try {
+        ck::Manifest manifest = manifest_from(parts, p.step, p.data_position);
+        done_.store(false, std::memory_order_relaxed);
+        worker_ = std::thread([this, manifest = std::move(manifest)] {
+          try {
+            ck::commit_step(env_, root_, manifest);
+            ck::remove_old_steps(env_, root_, config_.checkpoint().keep_last());
+          } catch (const std::exception& e) {
+            commit_error_ = e.what();
+          }
+          done_.store(true, std::memory_order_release);
+        });
+      } catch (const Error& e) {
+        commit_error_ = e.what();
+      }
+    }
+    p.blocked_s += seconds_since(t0);
+    return;
+  }
+  const Pending done = p;
+  pending_.reset();
+  agree(comm_, commit_error_,
+        fmt::format("committing checkpoint step {} in '{}' (committed steps are untouched)", done.step,
+                    root_.string()));
+  last_save_.step = done.step;
+  last_save_.blocked_s = done.blocked_s + seconds_since(t0);
+}
+
+void Checkpointer::finish_save() {
+  while (pending_) advance();  // each phase joins the background work it waits for
 }
 
 void Checkpointer::save(std::int64_t step, std::int64_t data_position) {
   finish_save();
   const auto t0 = Clock::now();
   begin(step);
+  capture_run_state();
   std::vector<ck::RangeData> ranges;
   for (const sharding::StateSlice& s : engine_.owned_state()) {
     ranges.push_back({ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, s.data});
   }
   const auto w0 = Clock::now();
-  const std::string part = write_part(step, ranges);
-  const double write_s = seconds_since(w0);
-  commit(step, data_position, part);
-  last_save_.step = step;
-  last_save_.write_s = write_s;
+  written_part_ = write_part(step, ranges);
+  work_seconds_ = seconds_since(w0);
+  pending_ = Pending{step, data_position, 0.0, Phase::writing};
+  finish_save();
   last_save_.blocked_s = seconds_since(t0);
 }
 
-// The owned state copied into snapshot_ (allocated and touched by the first
-// async save, reused after), as ranges over the copy.
+// What the manifest records about the run besides the tensors, as of the
+// step being saved (an async save commits steps later).
+void Checkpointer::capture_run_state() { run_state_.Clear(); }
+
+// The owned state copied into snapshot_ (allocated by the constructor when
+// checkpoint.async is on, else by the first async save; reused after), as
+// ranges over the copy.
 std::vector<ck::RangeData> Checkpointer::snapshot() {
   const std::vector<sharding::StateSlice> slices = engine_.owned_state();
   std::size_t total = 0;
@@ -197,67 +281,91 @@ void Checkpointer::start_save(std::int64_t step, std::int64_t data_position) {
   finish_save();
   const auto t0 = Clock::now();
   begin(step);
+  capture_run_state();
   std::vector<ck::RangeData> ranges = snapshot();
-  written_.store(false, std::memory_order_relaxed);
-  writer_ = std::thread([this, step, ranges = std::move(ranges)] {
+  done_.store(false, std::memory_order_relaxed);
+  worker_ = std::thread([this, step, ranges = std::move(ranges)] {
     const auto w0 = Clock::now();
     written_part_ = write_part(step, ranges);
-    written_seconds_ = seconds_since(w0);
-    written_.store(true, std::memory_order_release);
+    work_seconds_ = seconds_since(w0);
+    done_.store(true, std::memory_order_release);
   });
-  pending_ = Pending{step, data_position, seconds_since(t0)};
+  pending_ = Pending{step, data_position, seconds_since(t0), Phase::writing};
 }
 
-void Checkpointer::finish_save() {
-  if (!pending_) return;
-  const auto t0 = Clock::now();
-  writer_.join();
-  const Pending p = *pending_;
-  pending_.reset();
-  commit(p.step, p.data_position, written_part_);
-  last_save_.step = p.step;
-  last_save_.write_s = written_seconds_;
-  last_save_.blocked_s = p.blocked_s + seconds_since(t0);
+// Loads the step in `dir` into the engine. Each rank checks the files and
+// the checksums of what it reads (no rank reads the whole step); the ranks
+// then agree. Returns "" when every rank loaded it, else every rank's problem.
+std::string Checkpointer::try_load(const std::filesystem::path& dir, ck::Manifest* manifest) {
+  std::string problem;
+  try {
+    const ck::StepReport files = ck::check_step_files(env_, dir);
+    if (!files.ok) throw IoError(files.problem);
+    *manifest = ck::read_manifest(env_, dir);
+    const std::vector<sharding::StateSlice> slices = engine_.state_to_load();
+    for_each_parallel(slices.size(), kReadThreads, [&](std::size_t i) {
+      const sharding::StateSlice& s = slices[i];
+      if (s.range.size == 0) return;
+      ck::read_range(env_, dir, *manifest, ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, s.data);
+    });
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  const std::vector<std::string> all = allgather_bytes(comm_, problem);
+  std::vector<std::pair<std::string, std::string>> problems;  // problem, the ranks that had it
+  for (int r = 0; r < comm_.world_size(); ++r) {
+    const std::string& p = all[static_cast<std::size_t>(r)];
+    if (p.empty()) continue;
+    auto same = std::find_if(problems.begin(), problems.end(), [&](const auto& q) { return q.first == p; });
+    if (same == problems.end()) {
+      problems.emplace_back(p, std::to_string(r));
+    } else {
+      same->second += fmt::format(", {}", r);
+    }
+  }
+  std::string joined;
+  for (const auto& [p, ranks] : problems) {
+    if (!joined.empty()) joined += "; ";
+    joined += comm_.world_size() > 1 ? fmt::format("{} (rank {})", p, ranks) : p;
+  }
+  return joined;
 }
 
 std::optional<ResumePoint> Checkpointer::resume(std::ostream* console) {
   const std::string& how = config_.checkpoint().resume();
   if (how == "none") return std::nullopt;
-  ck::Env& env = env_;
-  ck::Manifest manifest;
-  std::filesystem::path dir;
+  std::vector<std::filesystem::path> candidates;
+  std::vector<ck::StepReport> skipped;
   if (how == "auto") {
-    std::vector<ck::StepReport> skipped;
-    std::optional<ck::Manifest> found = env.is_directory(root_) ? ck::load_latest(env, root_, &skipped)
-                                                                : std::nullopt;
-    for (const auto& s : skipped) {
-      if (console != nullptr && comm_.rank() == 0) {
-        *console << fmt::format("checkpoint: skipping {}: {}\n", s.dir.string(), s.problem);
-      }
-    }
-    if (!found) return std::nullopt;
-    manifest = *found;
-    dir = ck::step_dir(root_, manifest.step());
-    set_aside_ = skipped;
+    if (!env_.is_directory(root_)) return std::nullopt;
+    skipped = ck::uncommitted_dirs(env_, root_);
+    for (const std::int64_t step : ck::committed_steps(env_, root_)) candidates.push_back(ck::step_dir(root_, step));
   } else {
-    dir = how;
-    const ck::StepReport report = ck::verify_step(env, dir);
-    if (!report.ok) {
-      throw IoError(fmt::format("checkpoint.resume='{}' cannot be loaded: {}", how, report.problem));
+    candidates.push_back(how);
+  }
+  ck::Manifest manifest;
+  std::optional<std::filesystem::path> loaded;
+  for (const auto& dir : candidates) {
+    const std::string problem = try_load(dir, &manifest);
+    if (problem.empty()) {
+      loaded = dir;
+      break;
     }
-    manifest = ck::read_manifest(env, dir);
+    if (how != "auto") throw IoError(fmt::format("checkpoint.resume='{}' cannot be loaded: {}", how, problem));
+    skipped.push_back({dir, ck::parse_step_name(dir.filename().string()).value_or(-1), false, problem});
   }
-  for (const sharding::StateSlice& s : engine_.state_to_load()) {
-    if (s.range.size == 0) continue;
-    ck::read_range(env, dir, manifest, ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, s.data);
+  if (console != nullptr && comm_.rank() == 0) {
+    for (const auto& s : skipped) *console << fmt::format("checkpoint: skipping {}: {}\n", s.dir.string(), s.problem);
   }
+  if (!loaded) return std::nullopt;
   engine_.state_loaded();
+  set_aside_ = skipped;
   set_aside_corrupt_steps(manifest.step(), console);
   if (console != nullptr && comm_.rank() == 0) {
     *console << fmt::format("checkpoint: resumed from {} (step {}, saved by {} rank(s) at ZeRO stage {})\n",
-                            dir.string(), manifest.step(), manifest.world_size(), manifest.zero_stage());
+                            loaded->string(), manifest.step(), manifest.world_size(), manifest.zero_stage());
   }
-  return ResumePoint{manifest.step(), manifest.data_position(), dir};
+  return ResumePoint{manifest.step(), manifest.data_position(), *loaded};
 }
 
 }  // namespace dtrain::worker

@@ -7,11 +7,12 @@
 // into a reused host buffer and a background thread writes and fsyncs the rank
 // file while training goes on. The background thread only writes: gathering
 // every rank's records and the commit stay on the training thread
-// (finish_save), because collectives issued from two threads could reach the
-// ranks in different orders. The trainer finishes a save at the first step
-// boundary where every rank's write is done (agreed through the step's loss
-// all-reduce), before the next save, and before it returns. At most one save
-// is in flight.
+// (advance), because collectives issued from two threads could reach the
+// ranks in different orders; rank 0's commit (manifest, renames, fsyncs) then
+// runs on the background thread too. The trainer advances a save at each step
+// boundary where every rank's part is done (agreed through the step's loss
+// all-reduce), finishes it before the next save and before it returns. At
+// most one save is in flight.
 //
 // One training thread per rank calls everything; all ranks call save(),
 // start_save(), finish_save() and resume() together (they are collective).
@@ -76,24 +77,33 @@ class Checkpointer {
   void start_save(std::int64_t step, std::int64_t data_position);
   // A save is in flight (same answer on every rank).
   bool in_flight() const { return pending_.has_value(); }
-  // This rank's background write is over (or nothing is in flight). Any thread.
-  bool write_done() const { return !pending_ || written_.load(std::memory_order_acquire); }
-  // Waits for this rank's write, then gathers and commits (no-op when nothing is in flight).
+  // This rank's part of the save's current phase is done (or nothing is in
+  // flight): once true on every rank, advance() will not wait. Any thread.
+  bool ready() const { return !pending_ || done_.load(std::memory_order_acquire); }
+  // Moves the save in flight to its next phase (write -> commit -> done);
+  // waits for this rank's background work if it is not ready. Collective.
+  void advance();
+  // advance() until nothing is in flight (no-op when nothing is).
   void finish_save();
 
   const SaveTimes& last_save() const { return last_save_; }
   const std::filesystem::path& root() const { return root_; }
 
  private:
+  enum class Phase { writing, committing };
   struct Pending {
     std::int64_t step = 0;
     std::int64_t data_position = 0;
     double blocked_s = 0.0;
+    Phase phase = Phase::writing;
   };
   void begin(std::int64_t step);
+  void capture_run_state();
   std::vector<checkpoint::RangeData> snapshot();
   std::string write_part(std::int64_t step, const std::vector<checkpoint::RangeData>& ranges);
-  void commit(std::int64_t step, std::int64_t data_position, const std::string& part);
+  checkpoint::Manifest manifest_from(const std::vector<std::string>& parts, std::int64_t step,
+                                     std::int64_t data_position) const;
+  std::string try_load(const std::filesystem::path& dir, checkpoint::Manifest* manifest);
   void set_aside_corrupt_steps(std::int64_t resumed_step, std::ostream* console);
 
   const config::Config& config_;
@@ -103,13 +113,16 @@ class Checkpointer {
   std::filesystem::path root_;
   std::vector<checkpoint::StepReport> set_aside_;  // steps resume=auto skipped
 
-  // The save in flight: the snapshot the writer reads, its result.
+  // The save in flight. The background thread (worker_) writes this rank's
+  // file from snapshot_, then (rank 0) commits; it sets its results before done_.
   std::vector<float> snapshot_;
   std::optional<Pending> pending_;
-  std::thread writer_;
-  std::atomic<bool> written_{false};
-  std::string written_part_;       // set by the writer before written_
-  double written_seconds_ = 0.0;   // likewise
+  std::thread worker_;
+  std::atomic<bool> done_{false};
+  std::string written_part_;
+  double work_seconds_ = 0.0;
+  std::string commit_error_;
+  checkpoint::Manifest run_state_;  // captured with the snapshot
   SaveTimes last_save_;
 };
 

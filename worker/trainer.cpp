@@ -185,14 +185,14 @@ StepResult Trainer::step() {
   engine_->step(hyper, step_ + 1, clip);
   // The loss of the whole global batch (the mean over ranks), and whether any
   // rank was asked to stop: every rank sees the same answer at this boundary.
-  // The same all-reduce tells whether every rank's background checkpoint
-  // write is done (the mean of 0/1 flags is 1 exactly when all are 1).
+  // The same all-reduce tells whether every rank's part of a background
+  // checkpoint is done (the mean of 0/1 flags is 1 exactly when all are 1).
   const int signal = stop_signal();
   float shared[4] = {loss_sum / static_cast<float>(accum), signal != 0 ? 1.0f : 0.0f,
-                     static_cast<float>(signal), checkpointer_->write_done() ? 1.0f : 0.0f};
+                     static_cast<float>(signal), checkpointer_->ready() ? 1.0f : 0.0f};
   if (comm_->world_size() > 1) comm_->allreduce(shared, 4, DType::f32, comm::ReduceOp::avg).wait();
   ++step_;
-  if (checkpointer_->in_flight() && shared[3] == 1.0f) checkpointer_->finish_save();
+  if (checkpointer_->in_flight() && shared[3] == 1.0f) checkpointer_->advance();
   StepResult result{step_, shared[0], lr, static_cast<float>(norm), seconds_since(t0)};
   if (shared[1] > 0.0f) result.stop_signal = signal != 0 ? signal : static_cast<int>(shared[2] / shared[1] + 0.5f);
   return result;
