@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "cluster/hostlist.h"
+#include "cluster/slurm_store.h"
 #include "core/error.h"
 
 extern char** environ;
@@ -222,6 +223,31 @@ int slurm_local_world(const EnvMap& vars, const std::string& var, int node_id, i
   return counts[static_cast<size_t>(node_id)];
 }
 
+// Without DTRAIN_STORE, a step of several tasks keeps its store on the first
+// node of the step, where Slurm puts task 0, on DTRAIN_STORE_PORT or a port
+// of the job and step's own.
+void derive_slurm_store(const EnvMap& vars, Environment& env) {
+  if (env.store || env.world_size < 2 || env.slurm_step_nodelist.empty()) return;
+  std::string host;
+  try {
+    host = first_host(env.slurm_step_nodelist);
+  } catch (const Error& e) {
+    throw Error(fmt::format("SLURM_STEP_NODELIST: {}", e.what()));
+  }
+  int port = 0;
+  if (const std::string* value = find(vars, "DTRAIN_STORE_PORT")) {
+    port = parse_int("DTRAIN_STORE_PORT", *value);
+    if (port < 1 || port > kMaxPort) {
+      throw Error(fmt::format("DTRAIN_STORE_PORT={} must be a port from 1 to {}", port, kMaxPort));
+    }
+  } else {
+    port = slurm_store_port(env.slurm_job_id, env.slurm_step_id);
+  }
+  env.store = host.find(':') == std::string::npos ? fmt::format("{}:{}", host, port)
+                                                  : fmt::format("[{}]:{}", host, port);
+  env.store_from_slurm = true;
+}
+
 Environment from_srun(const EnvMap& vars) {
   const std::string starter = starter_name(Starter::slurm);
   const std::string world_var =
@@ -249,8 +275,11 @@ Environment from_srun(const EnvMap& vars) {
   env.slurm_step_id = value_or(vars, "SLURM_STEP_ID", value_or(vars, "SLURM_STEPID", ""));
   env.slurm_step_nodelist =
       value_or(vars, "SLURM_STEP_NODELIST", value_or(vars, "SLURM_JOB_NODELIST", ""));
+  env.slurm_restart_count = value_or(vars, "SLURM_RESTART_COUNT", "");
+  env.slurmd_nodename = value_or(vars, "SLURMD_NODENAME", "");
   if (env.run_id.empty()) env.run_id = env.slurm_job_id;
   validate(env, src);
+  derive_slurm_store(vars, env);
   return env;
 }
 
@@ -261,6 +290,18 @@ Environment single_process(const EnvMap& vars) {
   read_run_vars(vars, env);
   if (env.run_id.empty()) env.run_id = value_or(vars, "SLURM_JOB_ID", "");
   return env;
+}
+
+Environment detect_starter(const EnvMap& vars) {
+  if (has(vars, "DTRAIN_RANK")) return from_launcher(vars);
+  for (const char* name : kLauncherLayoutVars) {
+    if (has(vars, name)) throw_missing(name, "DTRAIN_RANK", starter_name(Starter::launcher));
+  }
+  if (has(vars, "OMPI_COMM_WORLD_RANK")) return from_mpirun(vars);
+  if (has(vars, "SLURM_PROCID") && (has(vars, "SLURM_STEP_ID") || has(vars, "SLURM_STEPID"))) {
+    return from_srun(vars);
+  }
+  return single_process(vars);
 }
 
 }  // namespace
@@ -285,15 +326,10 @@ std::string Environment::describe() const {
 }
 
 Environment detect_environment(const EnvMap& vars) {
-  if (has(vars, "DTRAIN_RANK")) return from_launcher(vars);
-  for (const char* name : kLauncherLayoutVars) {
-    if (has(vars, name)) throw_missing(name, "DTRAIN_RANK", starter_name(Starter::launcher));
-  }
-  if (has(vars, "OMPI_COMM_WORLD_RANK")) return from_mpirun(vars);
-  if (has(vars, "SLURM_PROCID") && (has(vars, "SLURM_STEP_ID") || has(vars, "SLURM_STEPID"))) {
-    return from_srun(vars);
-  }
-  return single_process(vars);
+  Environment env = detect_starter(vars);
+  env.cuda_visible_devices = value_or(vars, "CUDA_VISIBLE_DEVICES", "");
+  env.slurm_gpus = value_or(vars, "SLURM_STEP_GPUS", value_or(vars, "SLURM_JOB_GPUS", ""));
+  return env;
 }
 
 EnvMap process_environment() {

@@ -3,7 +3,8 @@
 //   dtrain-launch  DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK, ... (wins over the rest)
 //   mpirun         OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK/_LOCAL_SIZE/_NODE_RANK
 //   srun           SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, ...
-//                  (PMIX_RANK too with --mpi=pmix; OMPI_COMM_WORLD_* are unset there)
+//                  (PMIX_RANK too with --mpi=pmix; OMPI_COMM_WORLD_* are unset there);
+//                  the store's address from SLURM_STEP_NODELIST and DTRAIN_STORE_PORT
 //   nothing        a single process: rank 0 of 1
 // Partial or conflicting variables are an error that names them. A variable
 // set to the empty string counts as unset.
@@ -26,7 +27,11 @@ struct Environment {
   int local_world_size = 1;
   int node_rank = 0;
   bool pmix = false;                  // PMIx is present (mpirun, srun --mpi=pmix): MPI can start
-  std::optional<std::string> store;   // "host:port" of the run's store, when known (DTRAIN_STORE)
+  // "host:port" of the run's store, when known: DTRAIN_STORE, or under srun
+  // (world > 1) the first host of SLURM_STEP_NODELIST with DTRAIN_STORE_PORT
+  // or the port derived from the job and step ids (cluster/slurm_store.h).
+  std::optional<std::string> store;
+  bool store_from_slurm = false;      // `store` was derived that way: rank 0 must host it
   std::string token;                  // DTRAIN_TOKEN ("" when unset)
   std::string run_id;                 // DTRAIN_RUN_ID, else SLURM_JOB_ID, else ""
   int restart = 0;                    // DTRAIN_RESTART
@@ -34,6 +39,11 @@ struct Environment {
   std::string slurm_job_id;
   std::string slurm_step_id;
   std::string slurm_step_nodelist;    // e.g. "n[01-04]"
+  std::string slurm_restart_count;    // SLURM_RESTART_COUNT: times the job was requeued ("" when never)
+  std::string slurmd_nodename;        // SLURMD_NODENAME: the node this task runs on
+  // What picks the CUDA device (cluster/devices.h), under any starter ("" when unset).
+  std::string cuda_visible_devices;   // CUDA_VISIBLE_DEVICES
+  std::string slurm_gpus;             // SLURM_STEP_GPUS, else SLURM_JOB_GPUS
 
   // "rank 3 of 8 (local 1 of 2, node 1), started by mpirun"
   std::string describe() const;

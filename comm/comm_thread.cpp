@@ -1,5 +1,7 @@
 #include "comm/comm_thread.h"
 
+#include <atomic>
+
 #include <fmt/format.h>
 
 #include "comm/diagnosis.h"
@@ -36,6 +38,8 @@ struct CommThread::Shared {
   bool stopping = false;
   bool stuck = false;            // the watchdog gave up on a call that has not returned
   std::string broken;            // the first failure's message; empty while healthy
+  OpStats stats;                 // written by the comm thread only
+  std::atomic<OpObserver*> observer{nullptr};
 
   // Fails `work` with a diagnosed error and breaks the communicator.
   void fail(const std::shared_ptr<WorkState>& work, bool timed_out, const std::string& cause);
@@ -137,6 +141,20 @@ std::uint64_t CommThread::last_seq() const {
   return shared_->last_seq;
 }
 
+const OpStats& CommThread::op_stats() const { return shared_->stats; }
+
+void CommThread::set_observer(OpObserver* observer) { shared_->observer.store(observer); }
+
+// Counts a completed operation and tells the observer (comm thread only).
+void CommThread::record_completion(Shared& s, const Op& op, std::chrono::steady_clock::time_point started_at) {
+  const auto now = std::chrono::steady_clock::now();
+  const std::uint64_t bytes = op_size_bytes(op, s.world_size);
+  s.stats.add(op.kind, bytes, now - started_at);
+  if (OpObserver* observer = s.observer.load(std::memory_order_relaxed)) {
+    observer->on_op(OpTiming{op.kind, op.seq, bytes, started_at, now});
+  }
+}
+
 void CommThread::run_loop(std::shared_ptr<Shared> s) {
   for (;;) {
     std::shared_ptr<WorkState> work;
@@ -170,8 +188,10 @@ void CommThread::run_loop(std::shared_ptr<Shared> s) {
     s->cv.notify_all();  // the watchdog watches the new deadline
     bool timed_out = false;
     std::string cause;
+    const auto started_at = std::chrono::steady_clock::now();
     try {
       s->backend->run(work->op);
+      record_completion(*s, work->op, started_at);
     } catch (const TimeoutError& e) {
       timed_out = true;
       cause = e.what();

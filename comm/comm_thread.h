@@ -20,6 +20,7 @@
 
 #include "comm/backend.h"
 #include "comm/communicator.h"
+#include "comm/op_stats.h"
 
 namespace dtrain::comm {
 
@@ -45,6 +46,11 @@ class CommThread {
 
   std::shared_ptr<WorkState> submit(Op op);
   std::uint64_t last_seq() const;
+  // Per-kind totals of the operations that completed (comm/op_stats.h).
+  const OpStats& op_stats() const;
+  // Told of every completed operation from now on (null: none). The observer
+  // must outlive this thread or be reset first.
+  void set_observer(OpObserver* observer);
 
   // How long a failure's diagnosis may add to an operation's timeout.
   static Duration diagnosis_grace(Duration timeout);
@@ -53,6 +59,7 @@ class CommThread {
   struct Shared;
   static void run_loop(std::shared_ptr<Shared> shared);
   static void watchdog_loop(std::shared_ptr<Shared> shared);
+  static void record_completion(Shared& s, const Op& op, std::chrono::steady_clock::time_point started_at);
 
   std::shared_ptr<Shared> shared_;
   std::thread worker_;

@@ -66,6 +66,10 @@ Communicator::~Communicator() = default;
 
 std::uint64_t Communicator::last_seq() const { return thread_->last_seq(); }
 
+const OpStats& Communicator::op_stats() const { return thread_->op_stats(); }
+
+void Communicator::set_op_observer(OpObserver* observer) { thread_->set_observer(observer); }
+
 Work Communicator::submit(Op op) {
   const bool reduces = op.kind == OpKind::allreduce || op.kind == OpKind::reduce_scatter;
   if (reduces && op.dtype != DType::f32 && op.dtype != DType::bf16 && op.dtype != DType::f16) {

@@ -39,6 +39,8 @@ namespace dtrain::comm {
 
 struct WorkState;
 class CommThread;
+class OpStats;
+class OpObserver;
 
 // A handle on one queued operation. Cheap to copy; all copies share state.
 class Work {
@@ -96,6 +98,11 @@ class Communicator {
 
   // Sequence number of the last operation submitted (0 before any).
   std::uint64_t last_seq() const;
+  // Time and bytes per operation kind so far (comm/op_stats.h); any thread.
+  const OpStats& op_stats() const;
+  // Told of every completed operation on the comm thread (null: none); the
+  // observer must outlive the communicator or be reset to null first.
+  void set_op_observer(OpObserver* observer);
 
  private:
   Work submit(Op op);

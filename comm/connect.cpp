@@ -5,9 +5,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
+#include "cluster/devices.h"
+#include "cluster/node_address.h"
+#include "cluster/slurm_store.h"
 #include "comm/gloo/backend.h"
 #include "comm/memory_store.h"
 #include "comm/mpi/backend.h"
@@ -41,13 +45,48 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
+// How long `scontrol show node` may take to name a node's address.
+constexpr std::chrono::seconds kNodeAddressTimeout{20};
+
+// Where clients reach the store: as given, except that a Slurm node name
+// the resolver does not know is replaced by its NodeAddr.
+std::string store_host(const cluster::Environment& env, const cluster::HostPort& endpoint) {
+  return env.store_from_slurm ? cluster::node_address(endpoint.host, kNodeAddressTimeout) : endpoint.host;
+}
+
 // The address this rank's gloo pairs listen on: loopback for a job whose
 // store is on loopback (one machine), this host's name otherwise.
 std::string gloo_hostname(const cluster::Environment& env) {
-  if (!env.store || is_loopback(cluster::parse_host_port(*env.store, "DTRAIN_STORE").host)) return "127.0.0.1";
+  if (!env.store || is_loopback(store_host(env, cluster::parse_host_port(*env.store, "DTRAIN_STORE")))) {
+    return "127.0.0.1";
+  }
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) throw_errno("gethostname", "");
   return name;
+}
+
+// Rank 0's store server on `endpoint` (every interface unless the address is
+// a loopback one).
+std::unique_ptr<TcpStoreServer> host_store(const cluster::Environment& env, const cluster::HostPort& endpoint,
+                                           const std::string& token) {
+  if (env.store_from_slurm && !env.slurmd_nodename.empty() && env.slurmd_nodename != endpoint.host) {
+    throw CommError(fmt::format(
+        "rank 0 runs on node {}, not on {}, the first node of SLURM_STEP_NODELIST where the other tasks look "
+        "for the store (a --distribution that moves task 0?); set DTRAIN_STORE={}:PORT for the step",
+        env.slurmd_nodename, endpoint.host, env.slurmd_nodename));
+  }
+  TcpStoreServer::Options server;
+  server.host = is_loopback(endpoint.host) ? endpoint.host : "0.0.0.0";
+  server.port = static_cast<std::uint16_t>(endpoint.port);
+  server.token = token;
+  try {
+    return std::make_unique<TcpStoreServer>(server);
+  } catch (const CommError& e) {
+    if (!env.store_from_slurm) throw;
+    throw CommError(fmt::format("{} (port {} is derived from SLURM_JOB_ID and SLURM_STEP_ID, or is "
+                                "DTRAIN_STORE_PORT: set DTRAIN_STORE_PORT to a free port for this step)",
+                                e.what(), endpoint.port));
+  }
 }
 
 std::shared_ptr<Store> require_store(const ConnectOptions& options, const char* backend) {
@@ -55,6 +94,64 @@ std::shared_ptr<Store> require_store(const ConnectOptions& options, const char* 
   throw CommError(fmt::format(
       "backend {} needs the run's store to find the other ranks: start the job with dtrain-launch, "
       "or set DTRAIN_STORE=host:port (rank 0 then hosts it there)", backend));
+}
+
+#if DTRAIN_HAVE_CUDA
+nccl_backend::ShareUniqueId share_through_store(std::shared_ptr<Store> store, int rank, Duration timeout) {
+  return [store = std::move(store), rank, timeout](void* id, std::size_t bytes) {
+    const std::string key = "nccl/unique_id";
+    auto* data = static_cast<std::uint8_t*>(id);
+    if (rank == 0) {
+      store->set(key, Bytes(data, data + bytes));
+      return;
+    }
+    const Bytes value = store->get(key, timeout);
+    DTRAIN_CHECK(value.size() == bytes, "nccl unique id of {} bytes, expected {}", value.size(), bytes);
+    std::memcpy(data, value.data(), bytes);
+  };
+}
+
+// For a job started by mpirun (or srun --mpi=pmix) without a store: MPI is
+// initialised for this one broadcast and finalised after it.
+nccl_backend::ShareUniqueId share_through_mpi() {
+  return [](void* id, std::size_t bytes) {
+    DTRAIN_CHECK(bytes % sizeof(std::int32_t) == 0, "nccl unique id of {} bytes", bytes);
+    mpi_backend::MpiBackend mpi;
+    Op op;
+    op.kind = OpKind::broadcast;
+    op.input = id;
+    op.output = id;
+    op.count = bytes / sizeof(std::int32_t);
+    op.dtype = DType::i32;
+    op.root = 0;
+    mpi.run(op);
+  };
+}
+
+// The CUDA device of this rank: its local rank among the devices it sees,
+// as Slurm or CUDA_VISIBLE_DEVICES narrowed them (cluster/devices.h).
+int cuda_device(const cluster::Environment& env) {
+  std::string why;
+  const cluster::GpuView view{nccl_backend::cuda_device_count(&why), env.cuda_visible_devices, env.slurm_gpus};
+  if (view.visible_count == 0) throw CommError(fmt::format("backend nccl needs a CUDA device: {}", why));
+  return cluster::device_for_local_rank(env.local_rank, env.local_world_size, view);
+}
+#endif
+
+// NCCL's unique id travels through the store, or over MPI when mpirun (or
+// srun with PMIx) started a job that has no store.
+std::unique_ptr<Backend> connect_nccl(const cluster::Environment& env, const ConnectOptions& options) {
+#if DTRAIN_HAVE_CUDA
+  const int device = cuda_device(env);
+  if (!options.store && env.pmix) {
+    return nccl_backend::make_backend(env.rank, env.world_size, share_through_mpi(), device, options.timeout);
+  }
+  return nccl_backend::make_backend(env.rank, env.world_size,
+                                    share_through_store(require_store(options, "nccl"), env.rank, options.timeout),
+                                    device, options.timeout);
+#else
+  return make_nccl_backend(env.rank, env.world_size, options.store, env.local_rank, options.timeout);
+#endif
 }
 
 }  // namespace
@@ -69,24 +166,34 @@ std::string resolve_backend(const std::string& backend, const std::string& devic
   return "gloo";
 }
 
-OpenedStore open_store(const cluster::Environment& env, Duration timeout) {
+OpenedStore open_store(const cluster::Environment& env, Duration timeout,
+                       const std::filesystem::path& token_dir) {
   OpenedStore opened;
   if (!env.store) {
     if (env.world_size == 1) opened.store = std::make_shared<MemoryStore>();
     return opened;  // mpi needs none; gloo and nccl will say what to set
   }
   const cluster::HostPort endpoint = cluster::parse_host_port(*env.store, "DTRAIN_STORE");
-  const std::string token = env.token.empty() ? "dtrain:" + env.run_id : env.token;
-  // Rank 0 hosts the store unless someone (dtrain-launch) already does.
-  if (env.rank == 0 && !port_taken(static_cast<std::uint16_t>(endpoint.port))) {
-    TcpStoreServer::Options server;
-    server.host = is_loopback(endpoint.host) ? endpoint.host : "0.0.0.0";
-    server.port = static_cast<std::uint16_t>(endpoint.port);
-    server.token = token;
-    opened.server = std::make_unique<TcpStoreServer>(server);
+  // Rank 0 hosts the store unless someone (dtrain-launch) already does; under
+  // srun nobody else can, so a taken port is an error there.
+  const bool host_here =
+      env.rank == 0 && (env.store_from_slurm || !port_taken(static_cast<std::uint16_t>(endpoint.port)));
+  const bool token_file = env.token.empty() && env.store_from_slurm && !token_dir.empty();
+  std::string token = env.token.empty() ? "dtrain:" + env.run_id : env.token;
+  if (token_file && host_here) token = cluster::random_token();
+  if (host_here) opened.server = host_store(env, endpoint, token);
+  if (token_file) {
+    const std::filesystem::path path =
+        cluster::slurm_token_file(token_dir, env.slurm_job_id, env.slurm_step_id, env.slurm_restart_count);
+    if (host_here) {
+      cluster::write_token_file(path, token);
+      opened.token_file = cluster::OwnedTokenFile(path);
+    } else {
+      token = cluster::read_token_file(path, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+    }
   }
   TcpStore::Options client;
-  client.host = endpoint.host;
+  client.host = store_host(env, endpoint);
   client.port = static_cast<std::uint16_t>(endpoint.port);
   client.token = token;
   client.connect_timeout = timeout;
@@ -113,7 +220,8 @@ std::unique_ptr<Backend> make_mpi_backend(Duration /*timeout*/) {
 std::unique_ptr<Backend> make_nccl_backend(int rank, int world_size, std::shared_ptr<Store> store,
                                            int device, Duration timeout) {
 #if DTRAIN_HAVE_CUDA
-  return nccl_backend::make_backend(rank, world_size, std::move(store), device, timeout);
+  return nccl_backend::make_backend(rank, world_size, share_through_store(std::move(store), rank, timeout), device,
+                                    timeout);
 #else
   (void)rank, (void)world_size, (void)store, (void)device, (void)timeout;
   throw CommError("backend nccl is not available: this dtrain was built without CUDA "
@@ -140,8 +248,7 @@ std::unique_ptr<Communicator> connect(const cluster::Environment& env, const Con
                                   env.describe()));
     }
   } else if (backend == "nccl") {
-    impl = make_nccl_backend(env.rank, env.world_size, require_store(options, "nccl"), env.local_rank,
-                             options.timeout);
+    impl = connect_nccl(env, options);
   } else {
     throw ConfigError("parallel.backend", fmt::format("unknown backend '{}' (auto, gloo, mpi, nccl)", backend));
   }

@@ -2,10 +2,12 @@
 // (cluster::Environment) and the configured backend.
 #pragma once
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cluster/environment.h"
+#include "cluster/run_token.h"
 #include "comm/communicator.h"
 #include "comm/store.h"
 #include "comm/tcp_store_server.h"
@@ -13,7 +15,9 @@
 namespace dtrain::comm {
 
 // parallel.backend=auto: nccl for device cuda, mpi when started by mpirun or
-// by srun with PMIx, gloo otherwise.
+// by srun with PMIx, gloo otherwise. nccl runs on the device that
+// cluster::device_for_local_rank picks; its unique id travels through the
+// store, or over MPI for a job that mpirun started without one.
 std::string resolve_backend(const std::string& backend, const std::string& device,
                             const cluster::Environment& env);
 
@@ -33,11 +37,20 @@ struct ConnectOptions {
 // launcher binds it before starting workers; a job started by hand with
 // DTRAIN_* or under mpirun/srun has rank 0 host it); a MemoryStore for a
 // single process; none for a multi-rank job without DTRAIN_STORE (mpi needs none).
+// Under srun without DTRAIN_STORE the environment names the first node of the
+// step and a port (cluster/slurm_store.h); rank 0 always hosts it there, and
+// without DTRAIN_TOKEN it makes up a random token and writes it to a 0600
+// file in `token_dir` (train.out_dir: shared storage) for the other tasks,
+// which wait for it up to `timeout`; the file is removed with the store.
+// Without a token_dir such a run falls back to a token derived from the run
+// id, as every other starter does without DTRAIN_TOKEN.
 struct OpenedStore {
-  std::unique_ptr<TcpStoreServer> server;  // declared first: destroyed after the client
+  cluster::OwnedTokenFile token_file;      // rank 0's token file, removed last
+  std::unique_ptr<TcpStoreServer> server;  // declared before the client: destroyed after it
   std::shared_ptr<Store> store;
 };
-OpenedStore open_store(const cluster::Environment& env, Duration timeout);
+OpenedStore open_store(const cluster::Environment& env, Duration timeout,
+                       const std::filesystem::path& token_dir = {});
 
 // Creates and connects the backend (rendezvous happens here, bounded by
 // options.timeout) and returns its communicator.

@@ -1,16 +1,25 @@
 #include "nn/layernorm.h"
 
 #include <cmath>
+
+#include "nn/cpu/convert.h"
 #include "nn/cpu/parallel.h"
 
 namespace dtrain::nn {
+namespace {
 
-void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
-                       float* mean, float* rstd, std::int64_t n, std::int64_t c) {
+struct F32Store {
+  static float store(float f) { return f; }
+};
+
+// Out is float (Format = F32Store) or std::uint16_t (a 16-bit Format).
+template <class Format, class Out>
+void layernorm_rows(const float* x, const float* weight, const float* bias, Out* y, float* mean,
+                    float* rstd, std::int64_t n, std::int64_t c) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
-    float* yi = y + i * c;
+    Out* yi = y + i * c;
     float sum = 0.0f;
     for (std::int64_t j = 0; j < c; ++j) sum += xi[j];
     const float m = sum / static_cast<float>(c);
@@ -20,10 +29,25 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, f
       var += d * d;
     }
     const float s = 1.0f / std::sqrt(var / static_cast<float>(c) + kLayerNormEps);
-    for (std::int64_t j = 0; j < c; ++j) yi[j] = (xi[j] - m) * s * weight[j] + bias[j];
+    for (std::int64_t j = 0; j < c; ++j) yi[j] = Format::store((xi[j] - m) * s * weight[j] + bias[j]);
     mean[i] = m;
     rstd[i] = s;
   }
+}
+
+}  // namespace
+
+void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c) {
+  layernorm_rows<F32Store>(x, weight, bias, y, mean, rstd, n, c);
+}
+
+void layernorm_forward_half(const float* x, const float* weight, const float* bias,
+                            std::uint16_t* y, DType y_type, float* mean, float* rstd,
+                            std::int64_t n, std::int64_t c) {
+  cpu::with_half_format(y_type, [&](auto f) {
+    layernorm_rows<decltype(f)>(x, weight, bias, y, mean, rstd, n, c);
+  });
 }
 
 // With xhat = (x - mean) * rstd and g = dy * weight:

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace dtrain::nn {
 
 // x: [n, in], weight: [out, in], bias: [out] or null, y: [n, out].
@@ -16,5 +18,18 @@ void linear_forward(const float* x, const float* weight, const float* bias, floa
 void linear_backward(const float* dy, const float* x, const float* weight, float* dx,
                      float* dweight, float* dbias, std::int64_t n, std::int64_t in,
                      std::int64_t out, bool accumulate_dx = false);
+
+// Mixed precision: x, weight (and dy) are 16-bit (dtype bf16 or f16), products
+// accumulate in f32 (oneDNN), bias is f32. y / dx are stored in y_type /
+// dx_type (f32 or dtype); dweight and dbias are f32 and added to. dbias sums
+// dy_f32 when given (the same gradient before rounding), else dy.
+void linear_forward_half(DType dtype, const std::uint16_t* x, const std::uint16_t* weight,
+                         const float* bias, void* y, DType y_type, std::int64_t n,
+                         std::int64_t in, std::int64_t out, bool accumulate = false);
+
+void linear_backward_half(DType dtype, const std::uint16_t* dy, const float* dy_f32,
+                          const std::uint16_t* x, const std::uint16_t* weight, void* dx,
+                          DType dx_type, float* dweight, float* dbias, std::int64_t n,
+                          std::int64_t in, std::int64_t out, bool accumulate_dx = false);
 
 }  // namespace dtrain::nn

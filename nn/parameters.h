@@ -64,6 +64,9 @@ void init_parameter(const ParamSpec& spec, int index, std::uint64_t seed, float*
 struct BlockPointers {
   std::vector<float*> params;  // params[b] -> block b's flat parameters
   std::vector<float*> grads;   // grads[b]  -> block b's flat gradients (accumulated into)
+  // Mixed precision: compute[b] -> a 16-bit copy of block b's parameters (same
+  // layout), refreshed by the owner after every update; empty in fp32.
+  std::vector<const std::uint16_t*> compute;
 };
 
 // Single-process owner of all flat buffers: parameters, gradients and the

@@ -74,6 +74,11 @@ Transformer::Transformer(const ModelConfig& config, const ParameterLayout& layou
   attn_shape_ = AttentionShape{batch, seq_len, config.n_heads, config.d_model / config.n_heads,
                                config.kind == ModelConfig::Kind::lm};
   acts_ = std::make_unique<Activations>(config, batch, seq_len);
+  if (half()) {
+    DTRAIN_CHECK(config.compute == DType::bf16 || config.compute == DType::f16,
+                 "compute type {} is not f32, bf16 or f16", dtype_name(config.compute));
+    half_ = std::make_unique<HalfActivations>(config, batch, seq_len);
+  }
 }
 
 Transformer::~Transformer() = default;
@@ -82,6 +87,9 @@ void Transformer::bind(const BlockPointers& pointers) {
   DTRAIN_CHECK(static_cast<int>(pointers.params.size()) == layout_.num_blocks() &&
                    static_cast<int>(pointers.grads.size()) == layout_.num_blocks(),
                "bind: {} blocks expected", layout_.num_blocks());
+  DTRAIN_CHECK(!half() || static_cast<int>(pointers.compute.size()) == layout_.num_blocks(),
+               "bind: {} compute copies expected for {} compute", layout_.num_blocks(),
+               dtype_name(config_.compute));
   ptrs_ = pointers;
 }
 
@@ -138,6 +146,7 @@ void Transformer::embed_forward(const StepKey& key, bool training) {
 
 // x_mid = x + drop(proj(attn(ln1(x)))); x_out = x_mid + drop(fc2(gelu(fc1(ln2(x_mid))))).
 void Transformer::layer_forward(int l, const StepKey& key, bool training) {
+  if (half()) return layer_forward_half(l, key, training);
   Activations::Layer& L = acts_->layers[static_cast<std::size_t>(l)];
   const int base = layout_.blocks()[static_cast<std::size_t>(l + 1)].first_param;
   auto w = [&](int i) { return param(base + i, false); };
@@ -184,6 +193,7 @@ void Transformer::layer_forward(int l, const StepKey& key, bool training) {
 void Transformer::head_forward() {
   const int base = layout_.blocks().back().first_param;
   const std::int64_t n = batch_ * seq_, d = config_.d_model;
+  if (half() && config_.kind == ModelConfig::Kind::lm) return lm_head_forward_half();
   layernorm_forward(acts_->resid.back().data(), param(base, false), param(base + 1, false),
                     acts_->lnf.data(), acts_->lnf_mean.data(), acts_->lnf_rstd.data(), n, d);
   if (config_.kind == ModelConfig::Kind::lm) {

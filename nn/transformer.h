@@ -12,7 +12,8 @@
 //   block n_layers + 1 "head":       lnf.{weight,bias}, then head.weight [V, d] (lm, untied) or
 //                                    cls.weight [C, d], cls.bias [C] (classifier)
 // The model owns activations (allocated once for its micro-batch shape), never
-// parameters: bind() hands it one flat pointer per block. One thread drives a
+// parameters: bind() hands it one flat pointer per block (and, in mixed
+// precision, one pointer per block to its 16-bit compute copy). One thread drives a
 // model; forward and backward call the BlockHooks around every block.
 #pragma once
 
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
+#include "core/dtype.h"
 #include "nn/attention.h"
 #include "nn/hooks.h"
 #include "nn/parameters.h"
@@ -42,6 +44,11 @@ struct ModelConfig {
   std::int64_t patch_dim = 0;  // pixels per patch (patches input)
   float dropout = 0.0f;
   bool tie_embeddings = false;
+  // f32, or bf16 / f16 for mixed precision: matmuls read 16-bit copies of the
+  // weights (BlockPointers::compute) and 16-bit activations and accumulate in
+  // f32; norms, softmax, GELU and the loss compute in f32; parameter gradients
+  // are f32. The classifier's small head stays f32.
+  DType compute = DType::f32;
 
   std::int64_t outputs() const { return kind == Kind::lm ? vocab_size : num_classes; }
   // Parameters of the matrix multiplies (excluding embeddings), for FLOP counts.
@@ -82,7 +89,8 @@ class Transformer {
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
-  // REQUIRES: pointers.params/grads hold one pointer per block of the layout.
+  // REQUIRES: pointers.params/grads (and compute, unless config.compute is f32)
+  // hold one pointer per block of the layout.
   void bind(const BlockPointers& pointers);
 
   // training: dropout on (when configured) and state kept for backward.
@@ -104,6 +112,8 @@ class Transformer {
   // Dropout sites: 2l (attention branch of layer l), 2l+1 (MLP branch), and this.
   static constexpr std::int64_t kEmbedDropoutSite = 1 << 20;
   struct Activations;
+  struct HalfActivations;  // mixed precision (transformer_half.cpp)
+  bool half() const { return config_.compute != DType::f32; }
   void embed_forward(const StepKey& key, bool training);
   void layer_forward(int l, const StepKey& key, bool training);
   void head_forward();
@@ -111,6 +121,11 @@ class Transformer {
   void layer_backward(int l);
   void embed_backward();
   float* param(int index, bool grad) const;
+  void layer_forward_half(int l, const StepKey& key, bool training);
+  void layer_backward_half(int l);
+  void lm_head_forward_half();
+  void lm_head_backward_half(float* dlogits);
+  const std::uint16_t* param16(int index) const;
 
   ModelConfig config_;
   const ParameterLayout& layout_;
@@ -121,6 +136,7 @@ class Transformer {
   StepKey key_{};
   bool dropout_active_ = false;
   std::unique_ptr<Activations> acts_;
+  std::unique_ptr<HalfActivations> half_;
 };
 
 }  // namespace dtrain::nn

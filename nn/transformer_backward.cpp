@@ -37,6 +37,7 @@ void Transformer::head_backward(float grad_scale) {
   float* dlogits = acts_->logits.data();  // holds the softmax after forward
   cross_entropy_backward(dlogits, inputs_.targets, rows, config_.outputs(),
                          grad_scale / static_cast<float>(rows));
+  if (lm && half()) return lm_head_backward_half(dlogits);
   if (lm) {
     const bool tied = config_.tie_embeddings;
     const float* head = tied ? param(0, false) : param(base + 2, false);
@@ -55,6 +56,7 @@ void Transformer::head_backward(float grad_scale) {
 }
 
 void Transformer::layer_backward(int l) {
+  if (half()) return layer_backward_half(l);
   Activations::Layer& L = acts_->layers[static_cast<std::size_t>(l)];
   const int base = layout_.blocks()[static_cast<std::size_t>(l + 1)].first_param;
   auto w = [&](int i) { return param(base + i, false); };

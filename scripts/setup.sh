@@ -15,6 +15,8 @@ packages=(
   slurm-wlm munge iproute2
   # data the examples train on
   dataset-fashion-mnist fortunes
+  # scripts/plot.sh
+  gnuplot-nox
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch libopenblas0-pthread)

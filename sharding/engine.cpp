@@ -14,9 +14,16 @@ namespace dtrain::sharding {
 using Clock = std::chrono::steady_clock;
 
 Engine::Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options)
-    : layout_(layout), comm_(comm), options_(options) {
+    : layout_(layout), comm_(comm), options_(options), scaler_(options.loss_scaling) {
   if (options.stage < 0 || options.stage > 3) {
     throw ConfigError("parallel.zero_stage", fmt::format("{} is not a ZeRO stage (0, 1, 2 or 3)", options.stage));
+  }
+  auto float_type = [](DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; };
+  if (!float_type(options.compute)) {
+    throw ConfigError("precision", fmt::format("{} is not a compute type", dtype_name(options.compute)));
+  }
+  if (!float_type(options.reduce)) {
+    throw ConfigError("parallel.reduce_dtype", fmt::format("{} is not a float type", dtype_name(options.reduce)));
   }
   impl_ = std::make_unique<Impl>(layout, comm, options);
   memory_ = impl_->memory();
@@ -37,6 +44,7 @@ void Engine::begin_step() {
   impl_->zero_gradients();
   comm_stats_ = CommStats{};
   sync_ = true;
+  norm_taken_ = false;
 }
 
 void Engine::before_forward(int block) {
@@ -52,6 +60,7 @@ void Engine::before_backward(int block) {
 }
 
 void Engine::after_backward(int block) {
+  if (gradient_hook_) gradient_hook_(block, impl_->local_gradients(block), layout_.blocks()[static_cast<std::size_t>(block)].numel);
   if (block == 0 && sync_ && !comm_stats_.overlapped) comm_stats_.overlapped = impl_->first_collective_started();
   if (options_.stage >= 2) {
     impl_->reduce_scatter_block(block);
@@ -67,10 +76,20 @@ void Engine::finish_backward() {
   comm_stats_.comm_seconds = impl_->take_gradient_comm_seconds();
 }
 
-double Engine::grad_norm() { return std::sqrt(impl_->grad_sum_of_squares()); }
+double Engine::grad_norm() {
+  last_norm_ = std::sqrt(impl_->grad_sum_of_squares()) / scaler_.scale();
+  norm_taken_ = true;
+  return last_norm_;
+}
 
-void Engine::step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
-  impl_->optimizer_step(hyper, step, grad_scale);
+bool Engine::step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
+  const double scale = scaler_.scale();
+  if (scaler_.enabled()) {
+    DTRAIN_CHECK(norm_taken_, "Engine::step with loss scaling needs grad_norm() first");
+    if (!scaler_.update(!std::isfinite(last_norm_))) return false;
+  }
+  impl_->optimizer_step(hyper, step, static_cast<float>(grad_scale / scale));
+  return true;
 }
 
 std::vector<float> Engine::gather_parameters() { return impl_->gather_parameters(); }
@@ -79,6 +98,9 @@ std::vector<StateSlice> Engine::owned_state() { return impl_->state_slices(/*own
 
 std::vector<StateSlice> Engine::state_to_load() { return impl_->state_slices(/*owned_only=*/false); }
 
-void Engine::state_loaded() { impl_->invalidate_gathers(); }
+void Engine::state_loaded() {
+  impl_->invalidate_gathers();
+  impl_->refresh_compute();
+}
 
 }  // namespace dtrain::sharding

@@ -14,6 +14,17 @@
 //   stage 3        as 2, and parameters are sharded too: a block is gathered
 //                  before its forward and its backward (the next block is
 //                  prefetched while this one computes) and released after.
+// Mixed precision (options.compute bf16 or f16): the f32 parameters above are
+// the masters; the model computes with 16-bit copies of them (pointers().compute),
+// refreshed from the masters after every optimizer step and every load (stage
+// 3: the gathered f32 block is converted into a rotating 16-bit slot).
+// Gradients stay f32 here; options.reduce picks the type they are
+// communicated in (converted just before each collective and back after it).
+// With loss scaling (fp16), backward multiplies the loss by loss_scale();
+// grad_norm() and step() unscale, and step() skips the update when the
+// reduced gradients hold an inf or NaN (every rank sees the same norm, so every
+// rank skips together).
+//
 // Gradient accumulation: set_sync(false) for all micro-batches but the last
 // (stages 0 and 1 then communicate once, after the last; stages 2 and 3
 // reduce-scatter every micro-batch into the shard).
@@ -23,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -30,6 +42,7 @@
 #include "core/aligned_buffer.h"
 #include "nn/adamw.h"
 #include "nn/hooks.h"
+#include "nn/loss_scaler.h"
 #include "nn/parameters.h"
 #include "sharding/shard_math.h"
 
@@ -40,6 +53,9 @@ struct EngineOptions {
   double bucket_mb = 25.0;        // parallel.bucket_mb
   bool tied_embeddings = false;   // the head reads block 0 (it must stay gathered in stage 3)
   std::uint64_t seed = 0;         // parameter initialisation
+  DType compute = DType::f32;     // precision: f32, or bf16/f16 compute copies of the masters
+  DType reduce = DType::f32;      // parallel.reduce_dtype: gradient collectives' element type
+  nn::LossScalerOptions loss_scaling;  // enabled for precision fp16
 };
 
 // Bytes this rank holds, by kind (what the ZeRO paper counts as model states,
@@ -100,11 +116,27 @@ class Engine : public nn::BlockHooks {
   // Waits for every gradient collective of the step; gradients are then
   // averaged over ranks (full on stage 0, the owned slices otherwise).
   void finish_backward();
-  // Global L2 norm of the averaged gradients (identical on every rank).
+  // Global L2 norm of the averaged, unscaled gradients (identical on every
+  // rank; inf or NaN when they overflowed).
   double grad_norm();
   // AdamW on the owned parameters with the clipping factor fused; then the
-  // parameters every rank needs are made whole again (all-gather, stage 1-2).
-  void step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
+  // parameters every rank needs are made whole again (all-gather, stage 1-2)
+  // and the compute copies refreshed. With loss scaling, grad_norm() must have
+  // been called this step: a non-finite norm skips the update (returns false)
+  // and the scaler backs off. Skipped steps still count in `step` (AdamW's
+  // bias correction), as the trainer's step counter does.
+  bool step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
+
+  // The factor backward multiplies the loss by (1 without loss scaling).
+  float loss_scale() const { return static_cast<float>(scaler_.scale()); }
+  nn::LossScaler& loss_scaler() { return scaler_; }
+  const nn::LossScaler& loss_scaler() const { return scaler_; }
+
+  // For tests: called in after_backward(block), before any communication,
+  // with this rank's local f32 gradient of the block (numel elements; the
+  // engine then reduces whatever the hook left there). Empty: none.
+  using GradientHook = std::function<void(int block, float* grads, std::int64_t numel)>;
+  void set_gradient_hook(GradientHook hook) { gradient_hook_ = std::move(hook); }
 
   // Every parameter, gathered, in layout order without padding (all ranks
   // take part). For tests, checkpoints and exports.
@@ -134,6 +166,10 @@ class Engine : public nn::BlockHooks {
   bool sync_ = true;
   MemoryStats memory_;
   CommStats comm_stats_;
+  nn::LossScaler scaler_;
+  double last_norm_ = 0.0;
+  bool norm_taken_ = false;  // grad_norm() ran since begin_step()
+  GradientHook gradient_hook_;
   std::unique_ptr<Impl> impl_;
 };
 

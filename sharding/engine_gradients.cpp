@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "nn/cpu/convert.h"
 #include "sharding/engine_state.h"
 
 namespace dtrain::sharding {
@@ -28,7 +29,9 @@ void Engine::Impl::start_micro_batch() {
   }
 }
 
-void Engine::Impl::track(comm::Work work) { pending_.push_back(std::move(work)); }
+void Engine::Impl::track(comm::Work work, const std::uint16_t* staged, float* dst, std::int64_t n) {
+  pending_.push_back(Pending{std::move(work), staged, dst, n});
+}
 
 // Waits for the reduce-scatter that last used `slot` and adds its result (this
 // rank's slice, averaged over ranks) into the block's gradient shard.
@@ -37,9 +40,14 @@ void Engine::Impl::drain(Slot& slot) {
   const int b = slot.block;
   slot.work.wait();
   finished_.push_back(slot.work);
-  const float* part = gradient_buffer(b) + static_cast<std::int64_t>(rank_) * shard_[as_size(b)];
+  const std::int64_t at = static_cast<std::int64_t>(rank_) * shard_[as_size(b)];
   float* shard = grads_.data() + shard_offset_[as_size(b)];
-  for (std::int64_t i = 0; i < shard_[as_size(b)]; ++i) shard[i] += part[i];
+  if (half_reduce()) {
+    nn::cpu::add_half_to_f32(staging_buffer(b) + at, options_.reduce, shard, shard_[as_size(b)]);
+  } else {
+    const float* part = gradient_buffer(b) + at;
+    for (std::int64_t i = 0; i < shard_[as_size(b)]; ++i) shard[i] += part[i];
+  }
   slot.block = -1;
   slot.work = comm::Work();
 }
@@ -56,28 +64,49 @@ void Engine::Impl::reduce_scatter_block(int b) {
   float* buffer = gradient_buffer(b);
   const std::int64_t n = shard_[as_size(b)];
   slot.block = b;
-  slot.work = comm_.reduce_scatter(buffer, buffer + rank_ * n, as_size(n), DType::f32, comm::ReduceOp::avg);
-  if (pending_.empty()) pending_.push_back(slot.work);  // the first one: for the overlap check
+  if (half_reduce()) {  // 16-bit on the wire: drain() widens this rank's part
+    std::uint16_t* staged = staging_buffer(b);
+    nn::cpu::f32_to_half(buffer, options_.reduce, staged, n * world_);
+    slot.work = comm_.reduce_scatter(staged, staged + rank_ * n, as_size(n), options_.reduce, comm::ReduceOp::avg);
+  } else {
+    slot.work = comm_.reduce_scatter(buffer, buffer + rank_ * n, as_size(n), DType::f32, comm::ReduceOp::avg);
+  }
+  if (pending_.empty()) pending_.push_back(Pending{slot.work});  // the first one: for the overlap check
 }
 
 void Engine::Impl::reduce_bucket_ending_at(int b) {
   const Bucket& bucket = buckets_[as_size(bucket_of_[as_size(b)])];
   if (bucket.lo != b) return;  // more blocks of this bucket still to come
+  const DType type = options_.reduce;
   if (options_.stage == 0) {
     const std::int64_t begin = full_offset_[as_size(bucket.lo)];
     const std::int64_t end = full_offset_[as_size(bucket.hi)] + padded_size(numel_[as_size(bucket.hi)], world_);
-    track(comm_.allreduce(grads_.data() + begin, as_size(end - begin), DType::f32, comm::ReduceOp::avg));
+    float* grads = grads_.data() + begin;
+    if (!half_reduce()) {
+      track(comm_.allreduce(grads, as_size(end - begin), DType::f32, comm::ReduceOp::avg));
+      return;
+    }
+    std::uint16_t* staged = staging_.data() + begin;
+    nn::cpu::f32_to_half(grads, type, staged, end - begin);
+    track(comm_.allreduce(staged, as_size(end - begin), type, comm::ReduceOp::avg), staged, grads, end - begin);
     return;
   }
   for (int c = bucket.hi; c >= bucket.lo; --c) {
     const std::int64_t n = shard_[as_size(c)];
-    track(comm_.reduce_scatter(full_grads(c), full_grads(c) + rank_ * n, as_size(n), DType::f32,
-                               comm::ReduceOp::avg));
+    if (!half_reduce()) {
+      track(comm_.reduce_scatter(full_grads(c), full_grads(c) + rank_ * n, as_size(n), DType::f32,
+                                 comm::ReduceOp::avg));
+      continue;
+    }
+    std::uint16_t* staged = staging_.data() + full_offset_[as_size(c)];
+    nn::cpu::f32_to_half(full_grads(c), type, staged, n * world_);
+    track(comm_.reduce_scatter(staged, staged + rank_ * n, as_size(n), type, comm::ReduceOp::avg),
+          staged + rank_ * n, full_grads(c) + rank_ * n, n);
   }
 }
 
 bool Engine::Impl::first_collective_started() const {
-  return !pending_.empty() && pending_.front().started();
+  return !pending_.empty() && pending_.front().work.started();
 }
 
 void Engine::Impl::wait_gradients() {
@@ -88,9 +117,10 @@ void Engine::Impl::wait_gradients() {
     pending_.clear();
     return;
   }
-  for (auto& w : pending_) {
-    w.wait();
-    finished_.push_back(w);
+  for (Pending& p : pending_) {
+    p.work.wait();
+    if (p.staged != nullptr) nn::cpu::half_to_f32(p.staged, options_.reduce, p.dst, p.n);
+    finished_.push_back(p.work);
   }
   pending_.clear();
 }
@@ -103,7 +133,7 @@ double Engine::Impl::take_gradient_comm_seconds() {
 }
 
 void Engine::Impl::wait_all() {
-  for (auto& w : pending_) w.wait();
+  for (Pending& p : pending_) p.work.wait();
   for (Slot* s : {&grad_slots_[0], &grad_slots_[1], &grad0_slot_, &gather_slot_[0], &gather_slot_[1], &gather0_slot_}) {
     if (s->work.valid()) s->work.wait();
   }
@@ -165,6 +195,7 @@ void Engine::Impl::optimizer_step(const nn::AdamWHyper& hyper, std::int64_t step
   }
   for (auto& w : gathers) w.wait();
   if (stage == 3) invalidate_gathers();  // the masters changed: gathered copies are stale
+  refresh_compute();
 }
 
 }  // namespace dtrain::sharding

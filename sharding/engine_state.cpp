@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "nn/cpu/convert.h"
 
 namespace dtrain::sharding {
 namespace {
@@ -58,6 +59,7 @@ Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, 
     for (auto& s : gather_) s = AlignedBuffer<float>(as_size(max_padded_));
     if (tied_) gather_block0_ = AlignedBuffer<float>(as_size(padded_size(numel_[0], world_)));
   }
+  allocate_mixed_precision();
   // Buckets of consecutive blocks in backward order, up to bucket_mb each.
   bucket_of_.assign(as_size(blocks_), 0);
   const double limit = options.bucket_mb * 1024.0 * 1024.0;
@@ -74,6 +76,49 @@ Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, 
   }
 }
 
+void Engine::Impl::allocate_mixed_precision() {
+  const int stage = options_.stage;
+  const std::size_t full = stage == 3 ? 0 : as_size(full_offset_.back() + padded_size(numel_.back(), world_));
+  const std::size_t block0 = tied_ ? as_size(padded_size(numel_[0], world_)) : 0;
+  using Half = AlignedBuffer<std::uint16_t>;
+  if (half_compute() && stage < 3) compute_ = Half(full);
+  if (half_compute() && stage == 3) {
+    for (auto& s : compute_slot_) s = Half(as_size(max_padded_));
+    compute_block0_ = Half(block0);
+  }
+  if (half_reduce() && stage < 2) staging_ = Half(full);
+  if (half_reduce() && stage >= 2) {
+    for (auto& s : staging_slot_) s = Half(as_size(max_padded_));
+    staging_block0_ = Half(block0);
+  }
+}
+
+std::uint16_t* Engine::Impl::compute_buffer(int b) {
+  if (options_.stage < 3) return compute_.data() + full_offset_[as_size(b)];
+  if (tied_ && b == 0) return compute_block0_.data();
+  return compute_slot_[b % 2].data();
+}
+
+std::uint16_t* Engine::Impl::staging_buffer(int b) {
+  if (tied_ && b == 0) return staging_block0_.data();
+  return staging_slot_[b % 2].data();
+}
+
+float* Engine::Impl::local_gradients(int b) {
+  return options_.stage >= 2 ? gradient_buffer(b) : full_grads(b);
+}
+
+void Engine::Impl::refresh_compute() {
+  if (!half_compute()) return;
+  if (options_.stage == 3) {
+    for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) s->converted = -1;
+    return;
+  }
+  for (int b = 0; b < blocks_; ++b) {
+    nn::cpu::f32_to_half(full_params(b), options_.compute, compute_buffer(b), numel_[as_size(b)]);
+  }
+}
+
 MemoryStats Engine::Impl::memory() const {
   MemoryStats m;
   m.param_bytes = static_cast<std::int64_t>(params_.size() * sizeof(float));
@@ -81,7 +126,9 @@ MemoryStats Engine::Impl::memory() const {
   m.optimizer_bytes = static_cast<std::int64_t>((exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float));
   std::size_t working = gather_block0_.size() + grad_block0_.size();
   for (int i = 0; i < 2; ++i) working += gather_[i].size() + grad_slot_[i].size();
-  m.working_bytes = static_cast<std::int64_t>(working * sizeof(float));
+  std::size_t half = compute_.size() + compute_block0_.size() + staging_.size() + staging_block0_.size();
+  for (int i = 0; i < 2; ++i) half += compute_slot_[i].size() + staging_slot_[i].size();
+  m.working_bytes = static_cast<std::int64_t>(working * sizeof(float) + half * sizeof(std::uint16_t));
   return m;
 }
 
@@ -105,6 +152,7 @@ nn::BlockPointers Engine::Impl::pointers() const {
   for (int b = 0; b < blocks_; ++b) {
     p.params.push_back(options_.stage == 3 ? self->gather_buffer(b) : self->full_params(b));
     p.grads.push_back(options_.stage >= 2 ? self->gradient_buffer(b) : self->full_grads(b));
+    if (half_compute()) p.compute.push_back(self->compute_buffer(b));
   }
   return p;
 }
@@ -133,6 +181,7 @@ void Engine::Impl::initialise_parameters(std::uint64_t seed) {
     checksum = fnv1a(params_.data(), static_cast<std::int64_t>(params_.size()), checksum);
   }
   check_identical(checksum);
+  refresh_compute();
 }
 
 void Engine::Impl::check_identical(std::uint64_t checksum) {
@@ -152,6 +201,7 @@ void Engine::Impl::launch_gather(int b) {
   Slot& slot = tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2];
   if (slot.block == b) return;  // already there or on its way
   slot.block = b;
+  slot.converted = -1;
   slot.work = comm_.allgather(params_.data() + shard_offset_[as_size(b)], gather_buffer(b),
                               as_size(shard_[as_size(b)]), DType::f32);
 }
@@ -162,6 +212,10 @@ void Engine::Impl::gather_for(int b, int direction) {
   if (next >= 0 && next < blocks_) launch_gather(next);  // overlaps block b's compute
   Slot& slot = tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2];
   slot.work.wait();
+  if (half_compute() && slot.converted != b) {  // the gathered block is what gets converted
+    nn::cpu::f32_to_half(gather_buffer(b), options_.compute, compute_buffer(b), numel_[as_size(b)]);
+    slot.converted = b;
+  }
 }
 
 std::vector<float> Engine::Impl::gather_parameters() {
@@ -211,6 +265,7 @@ void Engine::Impl::invalidate_gathers() {
   for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) {
     if (s->work.valid()) s->work.wait();
     s->block = -1;
+    s->converted = -1;
   }
 }
 

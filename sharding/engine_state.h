@@ -9,6 +9,9 @@
 // With tied embeddings, stages 2-3 give block 0 its own gradient buffer (the
 // head adds into it long before block 0's backward) and stage 3 its own
 // gather buffer (the head reads it in forward and backward).
+// Mixed precision adds 16-bit compute copies (stages 0-2: B; stage 3: 2 slots
+// beside the gather slots) and, when gradients travel in 16 bits, staging of
+// the gradients' shape (stages 0-1: B; stages 2-3: one per gradient slot).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +46,11 @@ struct Engine::Impl {
   void wait_gradients();
   double take_gradient_comm_seconds();
   void wait_all();
+  // Block b's full-size local gradient (before communication).
+  float* local_gradients(int b);
+  // Stages 0-2: converts every block's masters into the compute copies;
+  // stage 3: forgets which gathered blocks were converted. No-op in f32.
+  void refresh_compute();
 
   double grad_sum_of_squares();
   void optimizer_step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
@@ -54,6 +62,15 @@ struct Engine::Impl {
   struct Slot {
     int block = -1;       // the block it holds (or is receiving); -1: none
     comm::Work work;      // the collective filling or draining it
+    int converted = -1;   // stage 3 gathers: the block whose compute copy is current
+  };
+  // A gradient collective; with 16-bit reduction, `n` elements of `staged`
+  // are widened into `dst` once it completes.
+  struct Pending {
+    comm::Work work;
+    const std::uint16_t* staged = nullptr;
+    float* dst = nullptr;
+    std::int64_t n = 0;
   };
   struct Bucket {
     int lo = 0;           // lowest block: its after_backward ends the bucket
@@ -65,10 +82,16 @@ struct Engine::Impl {
   float* full_grads(int b) { return grads_.data() + full_offset_[b]; }
   float* gather_buffer(int b);
   float* gradient_buffer(int b);
+  std::uint16_t* compute_buffer(int b);
+  std::uint16_t* staging_buffer(int b);  // stages 2-3: beside gradient_buffer(b)
+  bool half_compute() const { return options_.compute != DType::f32; }
+  bool half_reduce() const { return options_.reduce != DType::f32; }
+  void allocate_mixed_precision();
   Slot& gradient_slot(int b);
   void launch_gather(int b);
   void drain(Slot& slot);
-  void track(comm::Work work);
+  void track(comm::Work work, const std::uint16_t* staged = nullptr, float* dst = nullptr,
+             std::int64_t n = 0);
   void adamw_block(int b, Range range, float* p, const float* g, float* m, float* v,
                    const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
   void check_identical(std::uint64_t checksum);
@@ -90,10 +113,14 @@ struct Engine::Impl {
   AlignedBuffer<float> grad_slot_[2], grad_block0_;   // stages 2-3
   Slot gather_slot_[2], gather0_slot_;
   Slot grad_slots_[2], grad0_slot_;
+  AlignedBuffer<std::uint16_t> compute_;                      // stages 0-2, mixed precision
+  AlignedBuffer<std::uint16_t> compute_slot_[2], compute_block0_;  // stage 3, mixed precision
+  AlignedBuffer<std::uint16_t> staging_;                      // stages 0-1, 16-bit reduction
+  AlignedBuffer<std::uint16_t> staging_slot_[2], staging_block0_;  // stages 2-3, 16-bit reduction
 
   std::vector<Bucket> buckets_;           // stage 0-1, in backward order
   std::vector<int> bucket_of_;            // block -> bucket index
-  std::vector<comm::Work> pending_;       // this step's gradient collectives
+  std::vector<Pending> pending_;          // this step's gradient collectives
   std::vector<comm::Work> finished_;      // drained ones, for timing
 };
 

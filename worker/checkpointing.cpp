@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "worker/config.h"
+#include "worker/loss_scale_checkpoint.h"
 
 namespace dtrain::worker {
 namespace {
@@ -256,7 +257,10 @@ void Checkpointer::save(std::int64_t step, std::int64_t data_position) {
 
 // What the manifest records about the run besides the tensors, as of the
 // step being saved (an async save commits steps later).
-void Checkpointer::capture_run_state() { run_state_.Clear(); }
+void Checkpointer::capture_run_state() {
+  run_state_.Clear();
+  save_loss_scale(engine_, run_state_);
+}
 
 // The owned state copied into snapshot_ (allocated by the constructor when
 // checkpoint.async is on, else by the first async save; reused after), as
@@ -359,6 +363,7 @@ std::optional<ResumePoint> Checkpointer::resume(std::ostream* console) {
   }
   if (!loaded) return std::nullopt;
   engine_.state_loaded();
+  restore_loss_scale(manifest, engine_);
   set_aside_ = skipped;
   set_aside_corrupt_steps(manifest.step(), console);
   if (console != nullptr && comm_.rank() == 0) {

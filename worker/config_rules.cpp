@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "worker/config.h"
+#include "worker/trace.h"
 
 namespace dtrain::worker {
 namespace {
@@ -148,6 +149,10 @@ void validate_training(const config::Config& c) {
   at_least(t.eval_every(), 0, "train.eval_every");
   at_least(t.eval_batches(), 1, "train.eval_batches");
   if (t.out_dir().empty()) fail("train.out_dir", "is empty; set a directory for the run's outputs");
+  if (const auto traced = parse_trace_steps(t.trace_steps()); traced && traced->first > t.steps()) {
+    fail("train.trace_steps", fmt::format("starts at step {} but the run has {} steps; trace steps within 1..{}",
+                                          traced->first, t.steps(), t.steps()));
+  }
 
   const config::Schedule& s = c.schedule();
   at_least(s.warmup_steps(), 0, "schedule.warmup_steps");
@@ -163,6 +168,7 @@ void validate_system(const config::Config& c) {
   at_most(p.zero_stage(), 3, "parallel.zero_stage");
   positive(p.bucket_mb(), "parallel.bucket_mb");
   at_least(p.timeout_s(), 1, "parallel.timeout_s");
+  one_of(p.reduce_dtype(), {"fp32", "bf16", "fp16"}, "parallel.reduce_dtype");
 
   const config::Checkpoint& k = c.checkpoint();
   at_least(k.every_steps(), 0, "checkpoint.every_steps");
@@ -212,10 +218,11 @@ void apply_defaults(config::Config& c, std::string_view run_name) {
   if (p.backend().empty()) p.set_backend("auto");
   if (!p.has_bucket_mb()) p.set_bucket_mb(25.0f);
   if (!p.has_timeout_s()) p.set_timeout_s(300);
+  if (p.reduce_dtype().empty()) p.set_reduce_dtype("fp32");
 
   config::Checkpoint& k = *c.mutable_checkpoint();
   if (!k.has_keep_last()) k.set_keep_last(3);
-  if (k.resume().empty()) k.set_resume("none");
+  if (k.resume().empty()) k.set_resume("auto");  // restarts and requeues continue by themselves
 
   if (c.precision().empty()) c.set_precision("fp32");
   if (c.device().empty()) c.set_device("cpu");

@@ -15,7 +15,11 @@
 #include "comm/connect.h"
 #include "core/error.h"
 #include "core/process.h"
+#include "launcher/metrics_http.h"
+#include "launcher/metrics_render.h"
 #include "worker/config.h"
+#include "worker/heartbeat.h"
+#include "worker/metrics_publisher.h"
 #include "worker/signals.h"
 #include "worker/trainer.h"
 
@@ -34,6 +38,34 @@ void print_summary(const dtrain::worker::TrainSummary& s) {
     }
   }
   std::cout << fmt::format(" | peak RSS {:.0f} MiB\n", dtrain::peak_rss_mb());
+}
+
+// --testonly-slow-rank RANK:MS -> MS when this process is RANK, else 0.
+int testonly_slow_ms(const std::string& spec, int rank) {
+  if (spec.empty()) return 0;
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) throw dtrain::Error("--testonly-slow-rank takes RANK:MS, e.g. 1:50");
+  return std::stoi(spec.substr(0, colon)) == rank ? std::stoi(spec.substr(colon + 1)) : 0;
+}
+
+// This rank's own /metrics (no launcher needed): the page of one rank.
+std::unique_ptr<dtrain::launcher::MetricsServer> serve_metrics(const std::string& host, int port,
+                                                               const dtrain::cluster::Environment& env,
+                                                               std::shared_ptr<dtrain::worker::LiveMetrics> live) {
+  if (port <= 0 || !live) return nullptr;
+  auto server = std::make_unique<dtrain::launcher::MetricsServer>(host, port + env.local_rank, [live, env] {
+    dtrain::launcher::JobMetrics job;
+    job.world_size = env.world_size;
+    job.round = env.restart;
+    job.workers_up = 1;
+    job.local_workers_running = 1;
+    job.ranks.resize(static_cast<std::size_t>(env.world_size));
+    job.ranks[static_cast<std::size_t>(env.rank)] = live->snapshot_fields();
+    return dtrain::launcher::render_prometheus(job);
+  });
+  std::cout << fmt::format("dtrain-worker: rank {} serves /metrics on http://{}:{}/metrics\n", env.rank, host,
+                           server->port());
+  return server;
 }
 
 // Ranks on one node split its cores unless OMP_NUM_THREADS says otherwise:
@@ -55,6 +87,12 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "training config (JSON)")->required();
   app.add_option("--set", overrides, "override a config field: --set train.steps=100")
       ->take_all();
+  int metrics_port = 0;
+  std::string metrics_host = "127.0.0.1";
+  std::string slow_rank;
+  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port plus the local rank (0: off)");
+  app.add_option("--metrics-host", metrics_host, "the address /metrics listens on");
+  app.add_option("--testonly-slow-rank", slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
   CLI11_PARSE(app, argc, argv);
   try {
     const dtrain::config::Config config = dtrain::worker::load_config(config_path, overrides);
@@ -63,13 +101,27 @@ int main(int argc, char** argv) {
     // that may never return, so errors end the process with _Exit below.
     const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
     const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
-    dtrain::comm::OpenedStore store = dtrain::comm::open_store(env, timeout);
+    // Under dtrain-launch: step, phase and collective for its hang detection.
+    const auto heartbeat = dtrain::worker::Heartbeat::from_environment(env, dtrain::cluster::process_environment());
+    // Under srun without DTRAIN_TOKEN, rank 0 hands the others a random token
+    // through a file in out_dir, which every node sees.
+    dtrain::comm::OpenedStore store = dtrain::comm::open_store(env, timeout, config.train().out_dir());
     dtrain::comm::ConnectOptions connect;
     connect.backend = config.parallel().backend();
     connect.device = config.device();
     connect.timeout = timeout;
     connect.store = store.store;
     std::shared_ptr<dtrain::comm::Communicator> comm = dtrain::comm::connect(env, connect);
+    if (heartbeat) heartbeat->set_communicator(comm);
+    // /metrics: published for dtrain-launch (DTRAIN_METRICS) and/or served here.
+    const bool publish = heartbeat && std::getenv("DTRAIN_METRICS") != nullptr;
+    std::shared_ptr<dtrain::worker::LiveMetrics> live;
+    if (publish || metrics_port > 0) {
+      live = std::make_shared<dtrain::worker::LiveMetrics>(env.rank, env.world_size);
+      live->set_communicator(comm);
+    }
+    if (publish) heartbeat->set_metrics_source([live] { return live->snapshot(); });
+    const auto metrics_server = serve_metrics(metrics_host, metrics_port, env, live);
     share_cores(env);
     const bool rank0 = comm->rank() == 0;
     if (rank0) {
@@ -79,8 +131,15 @@ int main(int argc, char** argv) {
                                env.world_size, dtrain::cluster::starter_name(env.starter), comm->backend_name(),
                                config.parallel().zero_stage());
     }
-    dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm});
+    dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
+                                                       .heartbeat = heartbeat.get(), .restart = env.restart,
+                                                       .live_metrics = live.get(),
+                                                       .testonly_slow_ms = testonly_slow_ms(slow_rank, env.rank)});
     const dtrain::worker::TrainSummary summary = trainer.run();
+    // dtrain-launch merges the ranks' traces (launcher/trace_merge.h).
+    if (const auto trace = trainer.trace_file(); trace && store.store) {
+      store.store->set(fmt::format("trace/{}", env.rank), dtrain::comm::to_bytes(trace->string()));
+    }
     if (rank0) print_summary(summary);
     if (rank0 && summary.stopped_by_signal != 0) {
       std::cout << "dtrain-worker: stopped early on a signal after saving; resume with checkpoint.resume=auto\n";

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <ostream>
+#include <thread>
 
 #include "core/error.h"
 #include "comm/connect.h"
@@ -11,7 +12,11 @@
 #include "data/datasets.h"
 #include "nn/adamw.h"
 #include "worker/config.h"
+#include "worker/heartbeat.h"
+#include "worker/metrics_publisher.h"
+#include "worker/precision.h"
 #include "worker/signals.h"
+#include "worker/trace.h"
 
 namespace dtrain::worker {
 
@@ -77,6 +82,7 @@ nn::ModelConfig model_config(const config::Config& c) {
   mc.patch_dim = static_cast<std::int64_t>(m.patch_size()) * m.patch_size();
   mc.dropout = m.dropout();
   mc.tie_embeddings = m.tie_embeddings();
+  mc.compute = compute_dtype(c);
   return mc;
 }
 
@@ -86,10 +92,6 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   if (config_.device() != "cpu") {
     throw ConfigError("device", fmt::format("'{}' is not available in this build; use \"cpu\"",
                                             config_.device()));
-  }
-  if (config_.precision() != "fp32") {
-    throw ConfigError("precision", fmt::format("'{}' is not supported yet; use \"fp32\"",
-                                               config_.precision()));
   }
   const data::DatasetPair datasets = data::make_datasets(data_spec(config_));
   const std::int64_t seq = datasets.train->info().seq_len;
@@ -106,6 +108,9 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   eo.bucket_mb = config_.parallel().bucket_mb();
   eo.tied_embeddings = model_config_.tie_embeddings;
   eo.seed = t.seed();
+  eo.compute = compute_dtype(config_);
+  eo.reduce = reduce_dtype(config_);
+  eo.loss_scaling = loss_scaling(config_);
   engine_ = std::make_unique<sharding::Engine>(layout_, *comm_, eo);
   model_ = std::make_unique<nn::Transformer>(model_config_, layout_, t.micro_batch_size(), seq);
   model_->bind(engine_->pointers());
@@ -135,7 +140,7 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
                              config_.schedule().min_lr_ratio()};
   if (options_.write_outputs && is_rank0()) {
     const std::filesystem::path out_dir = t.out_dir();
-    if (!resumed_ && std::filesystem::exists(out_dir / "metrics.jsonl")) {
+    if (!resumed_ && options_.restart == 0 && std::filesystem::exists(out_dir / "metrics.jsonl")) {
       throw ConfigError("train.out_dir",
                         fmt::format("'{}' already holds a run (metrics.jsonl); nothing there is "
                                     "overwritten: choose a new directory with --set "
@@ -144,15 +149,41 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
     }
     // A resumed run continues its metrics.jsonl (steps after the checkpoint
     // that a crash cut short appear again, from the resumed step on).
-    metrics_ = std::make_unique<MetricsWriter>(out_dir, resumed_.has_value());
+    metrics_ = std::make_unique<MetricsWriter>(out_dir, resumed_.has_value() || options_.restart > 0);
     const std::filesystem::path cfg_path = out_dir / "config.json";
     std::ofstream out(cfg_path);
     out << config_to_json(config_);
     if (!out.flush()) throw IoError(fmt::format("cannot write '{}'", cfg_path.string()));
   }
+  if (const std::optional<TraceSteps> traced = parse_trace_steps(t.trace_steps())) {
+    std::filesystem::create_directories(t.out_dir());
+    tracer_ = std::make_unique<Tracer>(
+        comm_->rank(), *traced, layout_.num_blocks(), t.grad_accum_steps(),
+        std::filesystem::absolute(t.out_dir()) / fmt::format("trace_rank_{}.json", comm_->rank()), *engine_);
+    comm_->set_op_observer(tracer_.get());
+  }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (tracer_) comm_->set_op_observer(nullptr);  // the communicator may outlive the tracer
+}
+
+nn::BlockHooks& Trainer::hooks() {
+  if (tracer_ && tracer_->active()) return *tracer_;
+  return *engine_;
+}
+
+void Trainer::record_live(const StepResult& r, double compute_s, double data_wait_s) {
+  if (options_.live_metrics == nullptr) return;
+  const double tokens_per_s = r.seconds > 0.0 ? static_cast<double>(tokens_per_step()) / r.seconds : 0.0;
+  options_.live_metrics->record_step({r.step, r.loss, r.lr, r.seconds, compute_s, data_wait_s, tokens_per_s,
+                                      model_config_.flops_per_token(model_->seq_len()) * tokens_per_s});
+  const SaveTimes& save = checkpointer_->last_save();
+  if (save.step >= 0 && save.step != live_save_step_) {
+    live_save_step_ = save.step;
+    options_.live_metrics->record_checkpoint(save.write_s, save.blocked_s);
+  }
+}
 
 std::int64_t Trainer::tokens_per_step() const {
   return static_cast<std::int64_t>(config_.train().grad_accum_steps()) * model_->batch() *
@@ -164,25 +195,45 @@ StepResult Trainer::step() {
   const config::Train& t = config_.train();
   const int accum = t.grad_accum_steps();
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
+  if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::forward, step_);
+  if (tracer_) tracer_->begin_step(step_ + 1);
   engine_->begin_step();
   float loss_sum = 0.0f;
+  double data_wait = 0.0;
   for (int micro = 0; micro < accum; ++micro) {
+    const auto wait_start = Clock::now();
     const data::Batch& batch = train_loader_->next(timeout);
+    const auto wait_end = Clock::now();
+    data_wait += std::chrono::duration<double>(wait_end - wait_start).count();
+    if (tracer_) {
+      tracer_->span("data wait", wait_start, wait_end);
+      tracer_->set_micro(micro);
+    }
+    if (options_.testonly_slow_ms > 0 && micro == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.testonly_slow_ms));
+    }
     const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(),
                                  batch.targets.data()};
     engine_->set_sync(micro == accum - 1);  // accumulate locally, communicate once
     const nn::ForwardResult fwd =
-        model_->forward(inputs, *engine_, true, nn::StepKey{t.seed(), step_, micro, comm_->rank() * t.micro_batch_size()});
-    model_->backward(*engine_, 1.0f / static_cast<float>(accum));
+        model_->forward(inputs, hooks(), true, nn::StepKey{t.seed(), step_, micro, comm_->rank() * t.micro_batch_size()});
+    if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::backward, step_);
+    model_->backward(hooks(), engine_->loss_scale() / static_cast<float>(accum));
     loss_sum += static_cast<float>(fwd.loss);
   }
+  if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::optimizer, step_);
+  const auto sync_start = Clock::now();
+  const double compute_s = std::chrono::duration<double>(sync_start - t0).count() - data_wait;
   engine_->finish_backward();
+  const auto optimizer_start = Clock::now();
+  if (tracer_) tracer_->span("grad sync", sync_start, optimizer_start);
   const double norm = engine_->grad_norm();
   const config::Optimizer& o = config_.optimizer();
   const float clip = nn::clip_factor(norm, o.grad_clip());
   const float lr = schedule_.at(step_);
   const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
   engine_->step(hyper, step_ + 1, clip);
+  if (tracer_) tracer_->span("optimizer", optimizer_start, Clock::now());
   // The loss of the whole global batch (the mean over ranks), and whether any
   // rank was asked to stop: every rank sees the same answer at this boundary.
   // The same all-reduce tells whether every rank's part of a background
@@ -195,10 +246,15 @@ StepResult Trainer::step() {
   if (checkpointer_->in_flight() && shared[3] == 1.0f) checkpointer_->advance();
   StepResult result{step_, shared[0], lr, static_cast<float>(norm), seconds_since(t0)};
   if (shared[1] > 0.0f) result.stop_signal = signal != 0 ? signal : static_cast<int>(shared[2] / shared[1] + 0.5f);
+  if (tracer_) tracer_->end_step();
+  record_live(result, compute_s, data_wait);
   return result;
 }
 
-void Trainer::save_checkpoint() { checkpointer_->save(step_, train_loader_->position()); }
+void Trainer::save_checkpoint() {
+  if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::checkpoint, step_);
+  checkpointer_->save(step_, train_loader_->position());
+}
 
 void Trainer::start_checkpoint() { checkpointer_->start_save(step_, train_loader_->position()); }
 
@@ -206,6 +262,7 @@ void Trainer::finish_checkpoint() { checkpointer_->finish_save(); }
 
 EvalResult Trainer::evaluate() {
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
+  if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::eval, step_);
   val_loader_->reset(0);
   double loss_sum = 0.0;
   std::int64_t correct = 0, count = 0;
@@ -238,13 +295,20 @@ EvalResult Trainer::evaluate() {
 
 // A stop signal (preemption) saves at once, before the evaluation that may
 // follow, so the checkpoint exists even if the grace period ends during it.
-void Trainer::checkpoint_after(const StepResult& r) {
+bool Trainer::checkpoint_after(const StepResult& r) {
   const bool last = r.step == config_.train().steps() && config_.checkpoint().every_steps() > 0;
   if (r.stop_signal != 0 || last) {
     save_checkpoint();  // nothing left to overlap it with
-  } else if (checkpointer_->due(r.step)) {
-    config_.checkpoint().async() ? start_checkpoint() : save_checkpoint();
+    return true;
   }
+  if (!checkpointer_->due(r.step)) return false;
+  config_.checkpoint().async() ? start_checkpoint() : save_checkpoint();
+  return true;
+}
+
+std::optional<std::filesystem::path> Trainer::trace_file() const {
+  if (!tracer_ || !tracer_->written()) return std::nullopt;
+  return tracer_->file();
 }
 
 TrainSummary Trainer::run() {
@@ -269,9 +333,12 @@ TrainSummary Trainer::run() {
       window_steps = 0;
     }
     if (options_.after_step && r.stop_signal == 0) options_.after_step(r);
-    checkpoint_after(r);
+    const auto checkpoint_start = Clock::now();
+    if (checkpoint_after(r) && tracer_) tracer_->span("checkpoint", checkpoint_start, Clock::now());
     if ((t.eval_every() > 0 && r.step % t.eval_every() == 0) || r.step == t.steps()) {
+      const auto eval_start = Clock::now();
       const EvalResult e = evaluate();
+      if (tracer_) tracer_->span("eval", eval_start, Clock::now());
       if (metrics_) metrics_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
       log_eval(e);
       if (r.step == t.steps()) summary.final_eval = e;
@@ -284,8 +351,10 @@ TrainSummary Trainer::run() {
       summary.stopped_by_signal = r.stop_signal;
       break;
     }
+    if (tracer_) tracer_->end_iteration();  // writes the trace after its last step
   }
   finish_checkpoint();  // a save still in flight commits before the run ends
+  if (tracer_) tracer_->finish();  // a run stopped before the last traced step
   // "end" means train.steps were reached: a run stopped by a signal resumes
   // later and appends to the same file, which then reads as one run.
   if (metrics_ && summary.stopped_by_signal == 0) metrics_->log_end(step_, r.loss);

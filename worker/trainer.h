@@ -6,6 +6,7 @@
 // One thread drives a Trainer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -24,6 +25,9 @@
 namespace dtrain::worker {
 
 struct StepResult;
+class Heartbeat;
+class LiveMetrics;
+class Tracer;
 
 struct TrainerOptions {
   bool write_outputs = true;    // out_dir/config.json and metrics.jsonl (rank 0 only)
@@ -35,6 +39,16 @@ struct TrainerOptions {
   checkpoint::Env* checkpoint_env = nullptr;
   // Called by run() on every rank after each step, before any checkpoint of it.
   std::function<void(const StepResult&)> after_step = {};
+  // dtrain-launch's hang detection (worker/heartbeat.h): phases are reported here. May be null.
+  Heartbeat* heartbeat = nullptr;
+  // The launcher's restart round (DTRAIN_RESTART): a restarted run continues
+  // out_dir's metrics.jsonl even when it found no checkpoint to resume.
+  int restart = 0;
+  // /metrics (worker/metrics_publisher.h): every step's figures go here. May be null.
+  LiveMetrics* live_metrics = nullptr;
+  // TEST ONLY (dtrain-worker --testonly-slow-rank): sleep this many
+  // milliseconds in every step's compute, to make this rank a straggler.
+  int testonly_slow_ms = 0;
 };
 
 struct StepResult {
@@ -97,12 +111,18 @@ class Trainer {
   void start_checkpoint();
   void finish_checkpoint();
   const Checkpointer& checkpointer() const { return *checkpointer_; }
+  // The Chrome trace this rank wrote (train.trace_steps), once written.
+  std::optional<std::filesystem::path> trace_file() const;
 
  private:
-  void checkpoint_after(const StepResult& r);
+  bool checkpoint_after(const StepResult& r);  // whether it saved (or started a save)
   void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed);
   void log_eval(const EvalResult& e);
   bool is_rank0() const { return comm_->rank() == 0; }
+  // The hooks the model calls: the tracer around the engine while a step is traced.
+  nn::BlockHooks& hooks();
+  // Figures of a step for /metrics and the trace's checkpoint span.
+  void record_live(const StepResult& r, double compute_s, double data_wait_s);
 
   config::Config config_;
   TrainerOptions options_;
@@ -118,6 +138,8 @@ class Trainer {
   std::unique_ptr<MetricsWriter> metrics_;
   nn::LrSchedule schedule_;
   std::int64_t step_ = 0;
+  std::unique_ptr<Tracer> tracer_;  // train.trace_steps; observes comm_'s collectives
+  std::int64_t live_save_step_ = -1;  // the last save reported to live_metrics
 };
 
 }  // namespace dtrain::worker

@@ -53,21 +53,15 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 class NcclBackend : public Backend {
  public:
-  NcclBackend(int rank, int world_size, std::shared_ptr<Store> store, int device, Duration timeout)
+  NcclBackend(int rank, int world_size, const ShareUniqueId& share, int device, Duration timeout)
       : rank_(rank), world_size_(world_size), device_(device) {
     DTRAIN_CUDA_CHECK(cudaSetDevice(device));
     DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DTRAIN_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
     ncclUniqueId id;
-    const std::string key = "nccl/unique_id";
-    if (rank == 0) {
-      DTRAIN_NCCL_CHECK(ncclGetUniqueId(&id));
-      store->set(key, Bytes(reinterpret_cast<std::uint8_t*>(&id), reinterpret_cast<std::uint8_t*>(&id) + sizeof id));
-    } else {
-      const Bytes value = store->get(key, timeout);
-      DTRAIN_CHECK(value.size() == sizeof id, "nccl unique id of {} bytes", value.size());
-      std::memcpy(&id, value.data(), sizeof id);
-    }
+    std::memset(&id, 0, sizeof id);
+    if (rank == 0) DTRAIN_NCCL_CHECK(ncclGetUniqueId(&id));
+    share(&id, sizeof id);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     DTRAIN_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_size, id, rank, &config));
@@ -154,13 +148,13 @@ int cuda_device_count(std::string* why) {
   return count;
 }
 
-std::unique_ptr<Backend> make_backend(int rank, int world_size, std::shared_ptr<Store> store,
-                                      int device, Duration timeout) {
+std::unique_ptr<Backend> make_backend(int rank, int world_size, ShareUniqueId share, int device,
+                                      Duration timeout) {
   std::string why;
   if (cuda_device_count(&why) == 0) {
     throw CommError(fmt::format("backend nccl needs a CUDA device: {}", why));
   }
-  return std::make_unique<NcclBackend>(rank, world_size, std::move(store), device, timeout);
+  return std::make_unique<NcclBackend>(rank, world_size, share, device, timeout);
 }
 
 }  // namespace dtrain::comm::nccl_backend

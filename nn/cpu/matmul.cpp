@@ -8,11 +8,13 @@
 #include <functional>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include <dnnl.hpp>
 
 #include "core/aligned_buffer.h"
 #include "core/error.h"
+#include "nn/cpu/convert.h"
 
 namespace dtrain::nn::cpu {
 namespace {
@@ -41,6 +43,8 @@ struct KeyHash {
     std::memcpy(&alpha_bits, &alpha, sizeof(alpha_bits));
     mix(alpha_bits);
     mix((g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.accumulate ? 4 : 0) | (key.bias ? 8 : 0));
+    mix(static_cast<int>(g.a_type) | static_cast<int>(g.b_type) << 8 |
+        static_cast<int>(g.c_type) << 16);
     return h;
   }
 };
@@ -53,12 +57,16 @@ struct Entry {
   std::array<dnnl_exec_arg_t, 4> args{};
   int nargs = 0;
   std::string impl;
+  // f16 operands run the f32 primitive on widened copies of these extents.
+  bool widen = false;
+  std::int64_t extent_a = 0, extent_b = 0, extent_c = 0;
 };
 
 // Per-thread state: see the threading contract in matmul.h.
 struct ThreadCache {
   dnnl::stream stream;
   std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> entries;
+  std::vector<float> wide_a, wide_b, wide_c;  // f16 widening scratch; only grows
 };
 
 dnnl::engine& cpu_engine() {
@@ -67,7 +75,7 @@ dnnl::engine& cpu_engine() {
 }
 
 ThreadCache& thread_cache() {
-  thread_local ThreadCache cache{dnnl::stream(cpu_engine()), {}};
+  thread_local ThreadCache cache{dnnl::stream(cpu_engine()), {}, {}, {}, {}};
   return cache;
 }
 
@@ -86,14 +94,27 @@ Operand operand(std::int64_t outer, std::int64_t inner, bool trans, std::int64_t
 }
 
 // The oneDNN view of a logical [outer, inner] matrix (batched: [batch, outer, inner]).
-dnnl::memory::desc describe(const Operand& o, bool trans, std::int64_t batch) {
-  using dt = dnnl::memory::data_type;
+// Elements from an operand's first addressed element to its last, inclusive.
+std::int64_t extent(const Operand& o, std::int64_t batch) {
+  return (batch - 1) * o.stride + (o.rows - 1) * o.ld + o.cols;
+}
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::bf16: return dnnl::memory::data_type::bf16;
+    case DType::f16: return dnnl::memory::data_type::f16;
+    default: return dnnl::memory::data_type::f32;
+  }
+}
+
+dnnl::memory::desc describe(const Operand& o, bool trans, std::int64_t batch,
+                            dnnl::memory::data_type dt) {
   const std::int64_t outer = trans ? o.cols : o.rows;
   const std::int64_t inner = trans ? o.rows : o.cols;
   const std::int64_t s_outer = trans ? 1 : o.ld;
   const std::int64_t s_inner = trans ? o.ld : 1;
-  if (batch == 1) return {{outer, inner}, dt::f32, dnnl::memory::dims{s_outer, s_inner}};
-  return {{batch, outer, inner}, dt::f32, dnnl::memory::dims{o.stride, s_outer, s_inner}};
+  if (batch == 1) return {{outer, inner}, dt, dnnl::memory::dims{s_outer, s_inner}};
+  return {{batch, outer, inner}, dt, dnnl::memory::dims{o.stride, s_outer, s_inner}};
 }
 
 void validate(const Gemm& g, bool with_bias) {
@@ -109,6 +130,14 @@ void validate(const Gemm& g, bool with_bias) {
   if (g.ldc != 0 && g.ldc < g.n) fail("ldc is smaller than n");
   if (!std::isfinite(g.alpha)) fail("alpha is not finite");
   if (with_bias && g.alpha != 1.0f) fail("alpha != 1 with a bias is not supported");
+  auto known = [](DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; };
+  if (!known(g.a_type) || !known(g.b_type) || !known(g.c_type)) fail("unsupported element type");
+  if ((g.a_type == DType::f32) != (g.b_type == DType::f32)) fail("A and B must both be f32 or both 16-bit");
+  if (g.a_type != DType::f32 && g.a_type != g.b_type) fail("A and B must share their 16-bit type");
+}
+
+bool uses_f16(const Gemm& g) {
+  return g.a_type == DType::f16 || g.b_type == DType::f16 || g.c_type == DType::f16;
 }
 
 std::unique_ptr<Entry> create_entry(const Key& key) {
@@ -117,9 +146,12 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
   const Operand oa = operand(g.m, g.k, g.trans_a, g.lda, g.stride_a);
   const Operand ob = operand(g.k, g.n, g.trans_b, g.ldb, g.stride_b);
   const Operand oc = operand(g.m, g.n, false, g.ldc, g.stride_c);
-  const dnnl::memory::desc a = describe(oa, g.trans_a, g.batch);
-  const dnnl::memory::desc b = describe(ob, g.trans_b, g.batch);
-  const dnnl::memory::desc c = describe(oc, false, g.batch);
+  // f16 runs the f32 primitive on widened operands (see matmul.h).
+  const bool widen = uses_f16(g);
+  auto type = [widen](DType t) { return widen ? dnnl::memory::data_type::f32 : dnnl_type(t); };
+  const dnnl::memory::desc a = describe(oa, g.trans_a, g.batch, type(g.a_type));
+  const dnnl::memory::desc b = describe(ob, g.trans_b, g.batch, type(g.b_type));
+  const dnnl::memory::desc c = describe(oc, false, g.batch, type(g.c_type));
   const dnnl::memory::dims bias_dims =
       g.batch == 1 ? dnnl::memory::dims{1, g.n} : dnnl::memory::dims{1, 1, g.n};
   const dnnl::memory::desc bias(bias_dims, dnnl::memory::data_type::f32,
@@ -139,6 +171,10 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
 
   auto entry = std::make_unique<Entry>();
   entry->impl = pd.impl_info_str();
+  entry->widen = widen;
+  entry->extent_a = extent(oa, g.batch);
+  entry->extent_b = extent(ob, g.batch);
+  entry->extent_c = extent(oc, g.batch);
   // oneDNN's reference kernels are two orders of magnitude slower than its JIT
   // ones; no shape tested picks them (test_matmul), so one that does is a bug.
   if (entry->impl.rfind("ref", 0) == 0) {
@@ -182,14 +218,11 @@ void check_status(dnnl_status_t status, const char* what, const Gemm& g) {
   }
 }
 
-}  // namespace
-
-void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias) {
-  Entry& e = lookup(g, bias != nullptr);
+void run(const Gemm& g, Entry& e, const void* a, const void* b, void* c, const float* bias) {
   // oneDNN takes non-const handles; it never writes through a, b or bias.
-  check_status(dnnl_memory_set_data_handle_v2(e.a.get(), const_cast<float*>(a), nullptr),
+  check_status(dnnl_memory_set_data_handle_v2(e.a.get(), const_cast<void*>(a), nullptr),
                "set_data_handle(A)", g);
-  check_status(dnnl_memory_set_data_handle_v2(e.b.get(), const_cast<float*>(b), nullptr),
+  check_status(dnnl_memory_set_data_handle_v2(e.b.get(), const_cast<void*>(b), nullptr),
                "set_data_handle(B)", g);
   check_status(dnnl_memory_set_data_handle_v2(e.c.get(), c, nullptr), "set_data_handle(C)", g);
   if (bias != nullptr) {
@@ -203,6 +236,43 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* 
   check_status(dnnl_stream_wait(cache.stream.get()), "stream wait", g);
 }
 
+// An operand widened to f32 in `scratch` (grown once, then reused).
+const float* widened(const void* p, DType t, std::int64_t n, std::vector<float>& scratch) {
+  if (t == DType::f32) return static_cast<const float*>(p);
+  if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
+  half_to_f32(static_cast<const std::uint16_t*>(p), t, scratch.data(), n);
+  return scratch.data();
+}
+
+// f16: widen A, B and C (C too, so its unaddressed padding round-trips
+// exactly), run in f32, narrow C back.
+void run_widened(const Gemm& g, Entry& e, const void* a, const void* b, void* c,
+                 const float* bias) {
+  ThreadCache& cache = thread_cache();
+  const float* wa = widened(a, g.a_type, e.extent_a, cache.wide_a);
+  const float* wb = widened(b, g.b_type, e.extent_b, cache.wide_b);
+  float* wc = const_cast<float*>(widened(c, g.c_type, e.extent_c, cache.wide_c));
+  run(g, e, wa, wb, wc, bias);
+  if (g.c_type != DType::f32) f32_to_half(wc, g.c_type, static_cast<std::uint16_t*>(c), e.extent_c);
+}
+
+}  // namespace
+
+void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias) {
+  DTRAIN_CHECK(g.a_type == DType::f32 && g.b_type == DType::f32 && g.c_type == DType::f32,
+               "gemm {} on float pointers with 16-bit types", gemm_string(g));
+  run(g, lookup(g, bias != nullptr), a, b, c, bias);
+}
+
+void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bias) {
+  Entry& e = lookup(g, bias != nullptr);
+  if (e.widen) {
+    run_widened(g, e, a, b, c, bias);
+  } else {
+    run(g, e, a, b, c, bias);
+  }
+}
+
 std::string gemm_impl_info(const Gemm& g, bool with_bias) { return lookup(g, with_bias).impl; }
 
 std::size_t gemm_cache_size() { return thread_cache().entries.size(); }
@@ -210,9 +280,10 @@ std::size_t gemm_cache_size() { return thread_cache().entries.size(); }
 std::string gemm_string(const Gemm& g) {
   return fmt::format(
       "[m={} n={} k={} trans_a={} trans_b={} accumulate={} alpha={} lda={} ldb={} ldc={} "
-      "batch={} stride_a={} stride_b={} stride_c={}]",
+      "batch={} stride_a={} stride_b={} stride_c={} types={}.{}->{}]",
       g.m, g.n, g.k, g.trans_a, g.trans_b, g.accumulate, g.alpha, g.lda, g.ldb, g.ldc, g.batch,
-      g.stride_a, g.stride_b, g.stride_c);
+      g.stride_a, g.stride_b, g.stride_c, dtype_name(g.a_type), dtype_name(g.b_type),
+      dtype_name(g.c_type));
 }
 
 double measure_gemm_peak_gflops(std::int64_t n, double min_seconds) {

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace dtrain::nn::cpu {
 
 // Row-major C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] (+ bias[N] broadcast over
@@ -29,6 +31,11 @@ namespace dtrain::nn::cpu {
 // stored matrix (m*k, k*n, m*n when the leading dimensions are dense too).
 // REQUIRES: m, n, k, batch > 0; items of C do not overlap; alpha finite, and
 // alpha == 1 when a bias is given (oneDNN 2.6 would scale the bias too).
+// Types: a_type/b_type are f32, bf16 or f16 (both f32 or both 16-bit), c_type
+// f32 or either 16-bit type; a bias is always f32. bf16 runs oneDNN's bf16
+// kernels (f32 accumulation). oneDNN 2.6 has no f16 matmul on CPUs without
+// AVX512-FP16, so f16 operands are widened into per-thread f32 scratch and the
+// f32 kernel runs (same result as f16 storage with f32 accumulation).
 // Speed: oneDNN's brgemm kernels need dense operands (ld and batch strides 0 or
 // equal to the dense value); any padding falls to its JIT sgemm ("gemm:jit"),
 // up to 2x slower on attention shapes (T = 64), but never a reference loop.
@@ -40,6 +47,7 @@ struct Gemm {
   std::int64_t lda = 0, ldb = 0, ldc = 0;  // leading dimensions in elements; 0 = dense
   std::int64_t batch = 1;
   std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // in elements; 0 = dense
+  DType a_type = DType::f32, b_type = DType::f32, c_type = DType::f32;
 
   bool operator==(const Gemm&) const = default;
 };
@@ -47,7 +55,12 @@ struct Gemm {
 // Runs g. a, b, c (and bias, if not null) must hold the elements g addresses;
 // c must not overlap a, b or bias. Throws dtrain::Error naming the shape when
 // g is malformed or oneDNN fails.
+// REQUIRES: g's types are all f32.
 void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias = nullptr);
+// The same for any supported types: a, b, c hold elements of g.a_type,
+// g.b_type and g.c_type. Allocates only when a shape is first seen (and, for
+// f16, when the widening scratch must grow).
+void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bias = nullptr);
 
 // The oneDNN implementation that runs g (e.g. "brg:avx512_core"); creates and
 // caches the primitive like gemm() does. For tests and tools.

@@ -1,4 +1,5 @@
 #include "cluster/environment.h"
+#include "cluster/slurm_store.h"
 
 #include <cstdlib>
 #include <string>
@@ -300,7 +301,9 @@ TEST(ClusterEnvironment, SrunWithoutPmix) {
   EXPECT_EQ(env.slurm_step_id, "0");
   EXPECT_EQ(env.slurm_step_nodelist, "n[01-03]");
   EXPECT_EQ(env.run_id, "1234");
-  EXPECT_FALSE(env.store.has_value());
+  // The store: rank 0's node (the step's first) on the job and step's port.
+  EXPECT_EQ(env.store, "n01:" + std::to_string(slurm_store_port("1234", "0")));
+  EXPECT_TRUE(env.store_from_slurm);
   EXPECT_EQ(env.describe(), "rank 5 of 7 (local 0 of 2, node 2), started by srun");
 }
 
@@ -412,6 +415,7 @@ TEST(ClusterEnvironment, SrunHonoursUserStore) {
   vars["DTRAIN_RUN_ID"] = "exp1";
   const Environment env = detect_environment(vars);
   EXPECT_EQ(env.store, "n01:29500");
+  EXPECT_FALSE(env.store_from_slurm);
   EXPECT_EQ(env.run_id, "exp1");
   EXPECT_EQ(env.slurm_job_id, "1234");
 }

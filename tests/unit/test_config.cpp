@@ -94,7 +94,7 @@ TEST(Config, MinimalLmResolvesWithDocumentedDefaults) {
   EXPECT_EQ(c.parallel().bucket_mb(), 25.0f);
   EXPECT_EQ(c.parallel().timeout_s(), 300);
   EXPECT_EQ(c.checkpoint().keep_last(), 3);
-  EXPECT_EQ(c.checkpoint().resume(), "none");
+  EXPECT_EQ(c.checkpoint().resume(), "auto");
   EXPECT_EQ(c.precision(), "fp32");
   EXPECT_EQ(c.device(), "cpu");
 }

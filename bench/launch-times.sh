@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# How fast dtrain-launch gets a job going and brings it back: 4 workers of
+# lm-small (examples/configs/lm-small.json) on this node.
+#   launch_to_first_step_s  from starting dtrain-launch to rank 0's first training step
+#   death_to_resumed_s      from SIGKILL of rank 1 (after step KILL_AT) to the first
+#                           step of the restarted round, resumed from the last checkpoint
+#   launch_to_workers_started_s, death_to_workers_restarted_s: the launcher's own
+#                           share (until it has started the workers of round 0, of round 1)
+# Every line of the launcher's output is timestamped as it arrives.
+#
+#   bench/launch-times.sh [BUILD_DIR]        (default: build)
+#   STEPS=20 KILL_AT=7 NPROC=4 bench/launch-times.sh
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$repo/build}
+steps=${STEPS:-20}
+kill_at=${KILL_AT:-7}
+nproc=${NPROC:-4}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+ts="$work/launch.ts"
+
+command=("$build/bin/dtrain-launch" --standalone --nproc-per-node "$nproc" --max-restarts 1 --stop-timeout 5
+         --log-dir "$work/logs" --
+         "$build/bin/dtrain-worker" --config "$repo/examples/configs/lm-small.json"
+         --set "train.out_dir=$work/run" --set "train.steps=$steps" --set train.log_every=1
+         --set checkpoint.every_steps=5 --set checkpoint.resume=auto)
+start=$EPOCHREALTIME
+"${command[@]}" 2>&1 | while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done > "$ts" &
+pipeline=$!
+
+# Waits (up to 600 s) for a line matching $1 in the timestamped output.
+wait_for() {
+  for _ in $(seq 6000); do
+    grep -qE "$1" "$ts" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "launch-times: no line matching '$1' within 600 s; output so far:" >&2
+  cat "$ts" >&2
+  exit 1
+}
+
+wait_for "\[rank 0\] step +$kill_at/"
+victim=$(sed -nE 's/.*round 0: rank 1 is pid ([0-9]+).*/\1/p' "$ts")
+killed=$EPOCHREALTIME
+kill -9 "$victim"
+wait "$pipeline"
+
+first_step=$(grep -m1 -E '\[rank 0\] step +1/' "$ts" | cut -d' ' -f1)
+resumed=$(awk '/dtrain-launch: round 1:/ {r = 1} r && /\[rank 0\] step / {print $1; exit}' "$ts")
+resumed_step=$(awk '/dtrain-launch: round 1:/ {r = 1} r && /\[rank 0\] step / {split($5, s, "/"); print s[1]; exit}' "$ts")
+# The launcher's own share: until its workers of round 0 (and of round 1) were started.
+spawned=$(grep -m1 -E 'round 0: rank [0-9]+ is pid' "$ts" | cut -d' ' -f1)
+respawned=$(grep -m1 -E 'round 1: rank [0-9]+ is pid' "$ts" | cut -d' ' -f1)
+grep -q "all workers of every node finished" "$ts" || { echo "launch-times: the job did not finish" >&2; cat "$ts" >&2; exit 1; }
+
+echo "dtrain-launch, $nproc workers of lm-small, $(nproc) cores; rank 1 killed after step $kill_at, resumed at step $resumed_step"
+echo "command: ${command[*]}"
+awk -v a="$start" -v b="$first_step" 'BEGIN {printf "launch_to_first_step_s: %.2f\n", b - a}'
+awk -v a="$killed" -v b="$resumed" 'BEGIN {printf "death_to_resumed_s: %.2f\n", b - a}'
+awk -v a="$start" -v b="$spawned" 'BEGIN {printf "launch_to_workers_started_s: %.2f\n", b - a}'
+awk -v a="$killed" -v b="$respawned" 'BEGIN {printf "death_to_workers_restarted_s: %.2f\n", b - a}'

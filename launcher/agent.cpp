@@ -1,0 +1,384 @@
+#include "launcher/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "launcher/trace_merge.h"
+
+namespace dtrain::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::atomic<int> g_signal{0};
+std::atomic<int> g_signal_count{0};
+
+extern "C" void on_launcher_signal(int signal) {
+  g_signal = signal;
+  ++g_signal_count;
+}
+
+// Thrown from the rendezvous' wait when a stop signal arrives.
+struct Interrupted {
+  int signal;
+};
+
+milliseconds ms(double seconds) { return milliseconds(static_cast<long>(seconds * 1000.0)); }
+
+std::string hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+std::string indent(const std::string& text) {
+  std::string out;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t nl = text.find('\n', start);
+    const std::size_t end = nl == std::string::npos ? text.size() : nl;
+    out += "    " + text.substr(start, end - start) + "\n";
+    start = end + 1;
+  }
+  return out;
+}
+
+// Within one look, a death by signal or an odd exit code says more than
+// exit code 2, which is how workers leave after another rank's failure.
+int severity(const WorkerExit& e) {
+  if (WIFSIGNALED(e.status)) return 2;
+  return WIFEXITED(e.status) && WEXITSTATUS(e.status) == 2 ? 0 : 1;
+}
+
+}  // namespace
+
+const char* state_name(AgentState state) {
+  switch (state) {
+    case AgentState::init: return "INIT";
+    case AgentState::rendezvous: return "RENDEZVOUS";
+    case AgentState::running: return "RUNNING";
+    case AgentState::stopping: return "STOPPING";
+    case AgentState::succeeded: return "SUCCEEDED";
+    case AgentState::failed: return "FAILED";
+  }
+  return "?";
+}
+
+void install_launcher_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_launcher_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaction(s, &action, nullptr);
+}
+
+Agent::Agent(LaunchOptions options, cluster::EnvMap env, Console& console)
+    : options_(std::move(options)), env_(std::move(env)), console_(console) {}
+
+Agent::~Agent() = default;
+
+void Agent::transition(AgentState next) { state_ = next; }
+
+int Agent::run() {
+  while (state_ != AgentState::succeeded && state_ != AgentState::failed) {
+    switch (state_) {
+      case AgentState::init: transition(init()); break;
+      case AgentState::rendezvous: transition(rendezvous()); break;
+      case AgentState::running: transition(running()); break;
+      case AgentState::stopping: transition(stopping()); break;
+      default: break;
+    }
+  }
+  return exit_code_;
+}
+
+AgentState Agent::init() {
+  token_ = run_token(options_, env_);
+  store_ = open_run_store(options_, token_);
+  NodeInfo self{store_.server != nullptr, options_.node_rank.value_or(-1), options_.nproc_per_node, hostname(), 0};
+  RendezvousOptions ro{options_.min_nodes, options_.max_nodes, ms(options_.rdzv_timeout_s), ms(options_.last_call_s),
+                       [] {
+                         if (const int sig = g_signal.exchange(0); sig != 0) throw Interrupted{sig};
+                       }};
+  rdzv_ = std::make_unique<Rendezvous>(std::make_shared<comm::PrefixStore>(options_.run_id + "/launch", store_.store),
+                                       ro, self);
+  if (store_.server) console_.say(fmt::format("hosting the run's store on {}:{}", options_.endpoint_host, options_.endpoint_port));
+  std::filesystem::create_directories(options_.log_dir);
+  if (options_.metrics_port > 0) {
+    metrics_ = std::make_unique<MetricsExporter>(options_.metrics_host, options_.metrics_port,
+                                                 ms(options_.monitor_interval_s), console_);
+    console_.say(fmt::format("serving /metrics on http://{}:{}/metrics", options_.metrics_host, metrics_->port()));
+  }
+  return AgentState::rendezvous;
+}
+
+AgentState Agent::rendezvous() {
+  console_.say(fmt::format("waiting for {} node(s) at {}:{} (run {})",
+                           options_.elastic() ? fmt::format("{}-{}", options_.min_nodes, options_.max_nodes)
+                                              : std::to_string(options_.min_nodes),
+                           options_.endpoint_host, options_.endpoint_port, options_.run_id));
+  try {
+    plan_ = rdzv_->join();
+  } catch (const Interrupted& stop) {
+    console_.say(fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop.signal)));
+    exit_code_ = 128 + stop.signal;
+    return AgentState::failed;
+  }
+  start_workers();
+  return AgentState::running;
+}
+
+std::map<std::string, std::string> Agent::worker_environment() const {
+  std::map<std::string, std::string> env;
+  for (const auto& [k, v] : env_) {
+    // This agent's own placement (srun, mpirun, an enclosing launch) is not the workers'.
+    if (k.rfind("DTRAIN_", 0) == 0 || k.rfind("OMPI_COMM_WORLD_", 0) == 0 || k == "PMIX_RANK") continue;
+    env[k] = v;
+  }
+  const std::string& host = options_.endpoint_host;
+  const bool ipv6 = host.find(':') != std::string::npos;
+  env["DTRAIN_STORE"] = ipv6 ? fmt::format("[{}]:{}", host, options_.endpoint_port)
+                             : fmt::format("{}:{}", host, options_.endpoint_port);
+  env["DTRAIN_TOKEN"] = token_;
+  env["DTRAIN_RUN_ID"] = options_.run_id;
+  env["DTRAIN_RESTART"] = std::to_string(plan_.round);
+  env["DTRAIN_WORLD_SIZE"] = std::to_string(plan_.world_size);
+  env["DTRAIN_LOCAL_WORLD_SIZE"] = std::to_string(options_.nproc_per_node);
+  env["DTRAIN_NODE_RANK"] = std::to_string(plan_.node_rank);
+  if (options_.hang_timeout_s > 0 || metrics_) env["DTRAIN_HEARTBEAT_S"] = fmt::format("{}", options_.monitor_interval_s);
+  if (metrics_) env["DTRAIN_METRICS"] = "1";  // the heartbeat also publishes metrics/<rank>
+  return env;
+}
+
+void Agent::start_workers() {
+  const int first = plan_.rank_base, last = plan_.rank_base + options_.nproc_per_node - 1;
+  console_.say(fmt::format("round {}: node {} of {}, ranks {}-{} of {}{}", plan_.round, plan_.node_rank,
+                           plan_.num_nodes, first, last, plan_.world_size,
+                           restarts_ > 0 ? fmt::format(" (restart {} of {})", restarts_, options_.max_restarts) : ""));
+  std::vector<WorkerSpec> specs;
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    const int rank = first + local;
+    specs.push_back({rank, {{"DTRAIN_RANK", std::to_string(rank)}, {"DTRAIN_LOCAL_RANK", std::to_string(local)}}});
+    const auto log = std::filesystem::path(options_.log_dir) / fmt::format("rank_{}.log", rank);
+    std::ofstream out(log, first_round_ ? std::ios::trunc : std::ios::app);
+    if (!first_round_) out << fmt::format("----- dtrain-launch: round {} -----\n", plan_.round);
+  }
+  first_round_ = false;
+  workers_ = std::make_unique<WorkerGroup>(console_);
+  workers_->start(options_.command, worker_environment(), specs, options_.log_dir);
+  const std::vector<pid_t> pids = workers_->pids();
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    console_.say(fmt::format("round {}: rank {} is pid {}", plan_.round, specs[i].rank, pids[i]));
+  }
+  const auto now = Clock::now();
+  peer_beats_.assign(static_cast<std::size_t>(plan_.num_nodes), -1);
+  peer_beat_at_.assign(static_cast<std::size_t>(plan_.num_nodes), now);
+  hang_.reset();
+  if (metrics_) metrics_->start_round(plan_.round, plan_.world_size, restarts_);
+  if (plan_.node_rank == 0 && options_.hang_timeout_s > 0) {
+    const milliseconds stale = std::max(milliseconds(2000), ms(3 * options_.monitor_interval_s));
+    hang_ = std::make_unique<HangMonitor>(plan_.world_size, ms(options_.hang_timeout_s), stale, now);
+  }
+}
+
+RoundEnd Agent::record(const RoundEnd& end) {
+  try {
+    return rdzv_->end_round(plan_.round, end);
+  } catch (const Error&) {
+    return end;  // the store is gone: what this node saw is all there is
+  }
+}
+
+AgentState Agent::running() {
+  auto next_check = Clock::now();
+  bool local_done = false;
+  for (;;) {
+    if (const int sig = g_signal.exchange(0); sig != 0) {
+      workers_->signal_all(sig);
+      console_.say(fmt::format("received {}; forwarded to the workers (they save a checkpoint and exit)",
+                               signal_name(sig)));
+      end_ = record({RoundEnd::Kind::stopped,
+                     fmt::format("stopped by {} sent to the agent of node {}", signal_name(sig), plan_.node_rank), "",
+                     sig});
+      return AgentState::stopping;
+    }
+    if (auto end = on_worker_exits(workers_->reap())) {
+      end_ = record(*end);
+      return AgentState::stopping;
+    }
+    if (!local_done && workers_->all_succeeded()) {
+      local_done = true;
+      workers_->finish_logs();
+      rdzv_->mark_succeeded(plan_.round);
+    }
+    if (Clock::now() >= next_check) {
+      next_check = Clock::now() + ms(options_.monitor_interval_s);
+      std::optional<RoundEnd> end;
+      try {
+        if (local_done && rdzv_->succeeded(plan_.round) >= plan_.num_nodes) return finish(AgentState::succeeded);
+        end = check_round(local_done);
+        if (!end) collect_metrics();
+      } catch (const CommError& e) {
+        end = RoundEnd{RoundEnd::Kind::failure, fmt::format("lost the run's store: {}", e.what()), "", 0};
+        failures_.push_back(*end);
+        workers_->stop(ms(options_.stop_timeout_s));
+        exit_code_ = 1;
+        return finish(AgentState::failed);
+      }
+      if (end) {
+        end_ = *end;
+        return AgentState::stopping;
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+}
+
+// A worker that failed ends the round: stop the others first (their last
+// lines reach the logs), then describe the failure with its log's tail.
+std::optional<RoundEnd> Agent::on_worker_exits(const std::vector<WorkerExit>& exits) {
+  const WorkerExit* worst = nullptr;
+  for (const WorkerExit& e : exits) {
+    if (!e.ok() && (worst == nullptr || severity(e) > severity(*worst))) worst = &e;
+  }
+  if (worst == nullptr) return std::nullopt;
+  const WorkerExit failed = *worst;
+  console_.say(fmt::format("rank {} failed ({}); stopping the other workers", failed.rank, failed.describe()));
+  workers_->stop(ms(options_.stop_timeout_s));
+  const auto log = std::filesystem::path(options_.log_dir) / fmt::format("rank_{}.log", failed.rank);
+  return RoundEnd{RoundEnd::Kind::failure,
+                  fmt::format("rank {} (node {}, host {}, pid {}) failed: {}", failed.rank, plan_.node_rank,
+                              hostname(), failed.pid, failed.describe()),
+                  fmt::format("last lines of {}:\n{}", log.string(), indent(tail_lines(log, 15))), 0};
+}
+
+std::optional<RoundEnd> Agent::check_round(bool local_done) {
+  rdzv_->beat(plan_);
+  if (auto end = rdzv_->round_end(plan_.round)) return end;
+  if (auto end = check_peers()) return record(*end);
+  if (!local_done) {
+    if (auto end = check_hang()) return record(*end);
+  }
+  if (options_.elastic() && plan_.num_nodes < options_.max_nodes && rdzv_->waiting(plan_.round) > 0) {
+    return record({RoundEnd::Kind::membership, "a node is waiting to join; re-forming the job", "", 0});
+  }
+  return std::nullopt;
+}
+
+// An agent whose beat stopped (killed, its machine gone) ends the round.
+std::optional<RoundEnd> Agent::check_peers() {
+  const auto now = Clock::now();
+  const milliseconds lost = std::max(milliseconds(15'000), ms(10 * options_.monitor_interval_s));
+  const std::vector<std::int64_t> beats = rdzv_->beats(plan_);
+  for (std::size_t n = 0; n < beats.size(); ++n) {
+    if (beats[n] != peer_beats_[n]) {
+      peer_beats_[n] = beats[n];
+      peer_beat_at_[n] = now;
+    } else if (static_cast<int>(n) != plan_.node_rank && now - peer_beat_at_[n] > lost) {
+      return RoundEnd{RoundEnd::Kind::failure,
+                      fmt::format("the agent of node {} (host {}) stopped beating for {:.0f} s: it or its machine "
+                                  "is gone", n, plan_.nodes[n].host, std::chrono::duration<double>(lost).count()),
+                      "", 0};
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<RoundEnd> Agent::check_hang() {
+  if (!hang_) return std::nullopt;
+  const auto now = Clock::now();
+  for (int rank = 0; rank < plan_.world_size; ++rank) {
+    const std::string key = fmt::format("{}/round{}/heartbeat/{}", options_.run_id, plan_.round, rank);
+    std::optional<Heartbeat> h;
+    if (store_.store->check(key)) h = parse_heartbeat(comm::to_string(store_.store->get(key, milliseconds(5000))));
+    hang_->observe(rank, h, now);
+  }
+  const std::optional<std::string> report = hang_->check(now);
+  if (!report) return std::nullopt;
+  console_.say(*report);
+  const std::size_t nl = report->find('\n');
+  return RoundEnd{RoundEnd::Kind::failure, report->substr(0, nl),
+                  nl == std::string::npos ? "" : report->substr(nl + 1), 0};
+}
+
+void Agent::collect_metrics() {
+  if (!metrics_) return;
+  try {
+    metrics_->collect(*store_.store, fmt::format("{}/round{}", options_.run_id, plan_.round), workers_->running(),
+                      Clock::now());
+  } catch (const TimeoutError&) {
+    // a slow store answer: the page keeps the last figures until the next interval
+  }
+}
+
+void Agent::merge_traces() {
+  if (plan_.node_rank != 0 || rdzv_ == nullptr || plan_.world_size == 0) return;
+  try {
+    const std::optional<std::string> merged =
+        merge_round_traces(*store_.store, fmt::format("{}/round{}", options_.run_id, plan_.round), plan_.world_size);
+    if (merged) console_.say(fmt::format("merged the ranks' traces into {}", *merged));
+  } catch (const Error& e) {
+    console_.say(fmt::format("could not merge the ranks' traces: {}", e.what()));
+  }
+}
+
+AgentState Agent::stopping() {
+  const int first = end_.kind == RoundEnd::Kind::stopped && end_.signal != 0 ? end_.signal : SIGTERM;
+  console_.say(fmt::format("round {} ended: {}; stopping workers (grace {:.0f} s)", plan_.round, end_.headline,
+                           options_.stop_timeout_s));
+  workers_->stop(ms(options_.stop_timeout_s), first);
+  if (end_.kind == RoundEnd::Kind::stopped) {
+    console_.say(fmt::format("workers {}; exiting as stopped by {}",
+                             workers_->all_succeeded() ? "saved and exited" : "did not all exit cleanly",
+                             signal_name(end_.signal)));
+    exit_code_ = 128 + end_.signal;
+    return finish(AgentState::failed);
+  }
+  if (end_.kind == RoundEnd::Kind::failure) {
+    failures_.push_back(end_);
+    if (restarts_ >= options_.max_restarts) {
+      exit_code_ = 1;
+      print_summary();
+      return finish(AgentState::failed);
+    }
+    ++restarts_;
+  }
+  rdzv_->advance(plan_.round);
+  return AgentState::rendezvous;
+}
+
+// The hosting agent keeps the store up until every agent saw the end (bounded).
+AgentState Agent::finish(AgentState final_state) {
+  if (final_state == AgentState::succeeded) console_.say("all workers of every node finished");
+  merge_traces();
+  try {
+    rdzv_->mark_left(plan_.round);
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (store_.server && rdzv_->left(plan_.round) < plan_.num_nodes && Clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  } catch (const Error&) {
+    // the store is gone already: nothing left to wait for
+  }
+  return final_state;
+}
+
+void Agent::print_summary() const {
+  std::string text = fmt::format("job failed: {} failure(s), {} restart(s) used of --max-restarts {}\n",
+                                 failures_.size(), restarts_, options_.max_restarts);
+  for (std::size_t i = 0; i + 1 < failures_.size(); ++i) text += fmt::format("  earlier: {}\n", failures_[i].headline);
+  const RoundEnd& last = failures_.back();
+  text += fmt::format("  first failure of the last round: {}\n", last.headline);
+  if (!last.details.empty()) text += indent(last.details);
+  console_.say(text);
+}
+
+}  // namespace dtrain::launcher

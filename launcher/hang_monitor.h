@@ -1,0 +1,58 @@
+// HangMonitor: decides from the workers' heartbeats (worker/heartbeat.h,
+// docs/launcher.md "Heartbeats") that a round no longer makes progress, and
+// explains it: which ranks are stuck, in which phase and collective, and which
+// rank is missing (its heartbeat stopped) or behind (an earlier collective).
+//
+// A heartbeat is the text "beat=N step=S phase=P seq=Q", stored at
+// "<run id>/round<R>/heartbeat/<rank>". `beat` grows while the worker's
+// process runs; step, phase and seq change when it makes progress.
+//
+// Pure bookkeeping: the agent feeds observations with their time; not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain::launcher {
+
+struct Heartbeat {
+  std::int64_t beat = 0;
+  std::int64_t step = 0;
+  std::string phase;
+  std::uint64_t seq = 0;  // the last collective the rank submitted (#1, #2, ...)
+};
+
+// nullopt for text that is not a heartbeat.
+std::optional<Heartbeat> parse_heartbeat(const std::string& text);
+
+class HangMonitor {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `ranks` workers; a hang is `timeout` without progress on any rank;
+  // a rank whose beat has not moved for `stale` is missing.
+  HangMonitor(int ranks, std::chrono::milliseconds timeout, std::chrono::milliseconds stale, Clock::time_point start);
+
+  // The rank's latest heartbeat (nullopt: none yet).
+  void observe(int rank, const std::optional<Heartbeat>& heartbeat, Clock::time_point now);
+
+  // A report when the job made no progress for the timeout; nullopt otherwise.
+  std::optional<std::string> check(Clock::time_point now) const;
+
+ private:
+  struct Rank {
+    std::optional<Heartbeat> last;
+    Clock::time_point beat_at;      // when `beat` last changed (start until the first heartbeat)
+    Clock::time_point progress_at;  // when step, phase or seq last changed
+  };
+  std::string describe(int rank, Clock::time_point now) const;
+
+  std::vector<Rank> ranks_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds stale_;
+};
+
+}  // namespace dtrain::launcher

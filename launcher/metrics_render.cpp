@@ -1,0 +1,184 @@
+#include "launcher/metrics_render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include <fmt/format.h>
+
+namespace dtrain::launcher {
+namespace {
+
+// Prometheus spells the special values NaN, +Inf and -Inf.
+std::string value(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  return fmt::format("{}", v);
+}
+
+// nccl-tests' bus factors (comm/op_stats.h), by kind index.
+double bus_factor(std::size_t kind, int world) {
+  const double n = world;
+  if (n <= 1) return kind == 3 ? 1.0 : 0.0;
+  if (kind == 0) return 2.0 * (n - 1) / n;
+  if (kind == 1 || kind == 2) return (n - 1) / n;
+  return kind == 3 ? 1.0 : 0.0;
+}
+
+class Page {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  }
+  void sample(const char* name, const std::string& labels, double v) {
+    out_ += labels.empty() ? fmt::format("{} {}\n", name, value(v)) : fmt::format("{}{{{}}} {}\n", name, labels, value(v));
+  }
+  // One family with one sample per rank that has a snapshot.
+  void per_rank(const JobMetrics& job, const char* name, const char* type, const char* help,
+                const std::function<double(const RankSnapshot&)>& get) {
+    family(name, type, help);
+    for (const auto& r : job.ranks) {
+      if (r) sample(name, fmt::format("rank=\"{}\"", r->rank), get(*r));
+    }
+  }
+  // One family with one sample per rank and collective kind that ran.
+  void per_collective(const JobMetrics& job, const char* name, const char* type, const char* help,
+                      const std::function<std::optional<double>(const RankSnapshot&, std::size_t)>& get) {
+    family(name, type, help);
+    for (const auto& r : job.ranks) {
+      if (!r) continue;
+      for (std::size_t k = 0; k < kCollectiveKinds.size(); ++k) {
+        if (const auto v = get(*r, k)) {
+          sample(name, fmt::format("rank=\"{}\",kind=\"{}\"", r->rank, kCollectiveKinds[k]), *v);
+        }
+      }
+    }
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+void render_job(Page& p, const JobMetrics& job) {
+  p.family("dtrain_world_size", "gauge", "Ranks in the current round of the job.");
+  p.sample("dtrain_world_size", "", job.world_size);
+  p.family("dtrain_round", "gauge", "The current rendezvous round (0 until the first restart).");
+  p.sample("dtrain_round", "", job.round);
+  p.family("dtrain_restarts_total", "counter", "Restarts of the whole job after failures.");
+  p.sample("dtrain_restarts_total", "", job.restarts);
+  p.family("dtrain_workers_up", "gauge", "Ranks whose metrics were refreshed within the last few intervals.");
+  p.sample("dtrain_workers_up", "", job.workers_up);
+  p.family("dtrain_local_workers_running", "gauge", "Worker processes of this node still running.");
+  p.sample("dtrain_local_workers_running", "", job.local_workers_running);
+}
+
+// The job's training figures, as the lowest reporting rank (rank 0: the loss
+// is already the mean over ranks, tokens/s counts every rank) sees them.
+void render_training(Page& p, const JobMetrics& job) {
+  const RankSnapshot* lead = nullptr;
+  for (const auto& r : job.ranks) {
+    if (r) {
+      lead = &*r;
+      break;
+    }
+  }
+  if (lead == nullptr) return;
+  p.family("dtrain_step", "gauge", "Optimizer steps done.");
+  p.sample("dtrain_step", "", static_cast<double>(lead->step));
+  p.family("dtrain_loss", "gauge", "Training loss of the last step (mean over ranks).");
+  p.sample("dtrain_loss", "", lead->loss);
+  p.family("dtrain_learning_rate", "gauge", "Learning rate of the last step.");
+  p.sample("dtrain_learning_rate", "", lead->lr);
+  p.family("dtrain_tokens_per_second", "gauge", "Training tokens per second of the whole job.");
+  p.sample("dtrain_tokens_per_second", "", lead->tokens_per_s);
+  p.family("dtrain_step_seconds", "gauge", "Wall time of the last step.");
+  p.sample("dtrain_step_seconds", "", lead->step_seconds);
+  p.family("dtrain_model_flops_per_second", "gauge",
+           "Model FLOP/s of the job (model FLOPs per token x tokens/s); MFU is this over the peak.");
+  p.sample("dtrain_model_flops_per_second", "", lead->flops_per_s);
+}
+
+void render_ranks(Page& p, const JobMetrics& job) {
+  p.per_rank(job, "dtrain_rank_step", "gauge", "Optimizer steps done by the rank.",
+             [](const RankSnapshot& r) { return static_cast<double>(r.step); });
+  p.per_rank(job, "dtrain_rank_step_seconds", "gauge", "Wall time of the rank's last step.",
+             [](const RankSnapshot& r) { return r.step_seconds; });
+  p.per_rank(job, "dtrain_rank_compute_seconds", "gauge",
+             "Mean seconds per step the rank computed, without waiting on collectives.",
+             [](const RankSnapshot& r) { return r.compute_seconds; });
+  const std::vector<int> slow = find_stragglers(job.ranks, job.straggler_factor);
+  p.per_rank(job, "dtrain_rank_straggler", "gauge",
+             fmt::format("1 when the rank's compute time exceeds {} x the median over ranks.", job.straggler_factor)
+                 .c_str(),
+             [&](const RankSnapshot& r) { return std::count(slow.begin(), slow.end(), r.rank) > 0 ? 1.0 : 0.0; });
+  p.family("dtrain_stragglers", "gauge", "Ranks currently named stragglers.");
+  p.sample("dtrain_stragglers", "", static_cast<double>(slow.size()));
+  p.per_rank(job, "dtrain_data_wait_seconds_total", "counter", "Seconds the training thread waited for batches.",
+             [](const RankSnapshot& r) { return r.data_wait_seconds; });
+  p.per_rank(job, "dtrain_checkpoint_saves_total", "counter", "Checkpoints this rank saved.",
+             [](const RankSnapshot& r) { return static_cast<double>(r.checkpoint_saves); });
+  p.per_rank(job, "dtrain_checkpoint_save_seconds", "gauge", "Write time of the rank's last checkpoint save.",
+             [](const RankSnapshot& r) { return r.checkpoint_save_seconds; });
+  p.per_rank(job, "dtrain_checkpoint_blocked_seconds", "gauge",
+             "Seconds the last checkpoint save held up training on the rank.",
+             [](const RankSnapshot& r) { return r.checkpoint_blocked_seconds; });
+}
+
+void render_collectives(Page& p, const JobMetrics& job) {
+  using Get = std::function<std::optional<double>(const RankSnapshot&, std::size_t)>;
+  const auto ran = [](const RankSnapshot& r, std::size_t k) { return r.collectives[k].count > 0; };
+  p.per_collective(job, "dtrain_collective_operations_total", "counter", "Collectives completed.",
+                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
+                     if (!ran(r, k)) return std::nullopt;
+                     return static_cast<double>(r.collectives[k].count);
+                   }));
+  p.per_collective(job, "dtrain_collective_bytes_total", "counter",
+                   "Bytes of the collectives (nccl-tests size: the whole buffer).",
+                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
+                     if (!ran(r, k)) return std::nullopt;
+                     return static_cast<double>(r.collectives[k].bytes);
+                   }));
+  p.per_collective(job, "dtrain_collective_seconds_total", "counter", "Seconds the comm thread spent in collectives.",
+                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
+                     if (!ran(r, k)) return std::nullopt;
+                     return r.collectives[k].seconds;
+                   }));
+  p.per_collective(job, "dtrain_collective_busbw_bytes_per_second", "gauge",
+                   "Measured bus bandwidth over the run (bytes / seconds x nccl-tests' bus factor).",
+                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
+                     const CollectiveTotals& c = r.collectives[k];
+                     const double factor = bus_factor(k, r.world);
+                     if (c.count == 0 || c.seconds <= 0.0 || factor == 0.0) return std::nullopt;
+                     return static_cast<double>(c.bytes) / c.seconds * factor;
+                   }));
+}
+
+}  // namespace
+
+std::vector<int> find_stragglers(const std::vector<std::optional<RankSnapshot>>& ranks, double factor) {
+  std::vector<double> times;
+  for (const auto& r : ranks) {
+    if (r && r->compute_seconds > 0.0) times.push_back(r->compute_seconds);
+  }
+  if (times.size() < 2) return {};
+  std::sort(times.begin(), times.end());
+  const double median = times[(times.size() - 1) / 2];  // the lower middle for an even count
+  std::vector<int> out;
+  for (const auto& r : ranks) {
+    if (r && r->compute_seconds > factor * median) out.push_back(r->rank);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string render_prometheus(const JobMetrics& job) {
+  Page page;
+  render_job(page, job);
+  render_training(page, job);
+  render_ranks(page, job);
+  render_collectives(page, job);
+  return page.take();
+}
+
+}  // namespace dtrain::launcher

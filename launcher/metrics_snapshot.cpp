@@ -1,0 +1,91 @@
+#include "launcher/metrics_snapshot.h"
+
+#include <charconv>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace dtrain::launcher {
+namespace {
+
+bool parse_number(std::string_view text, double& out) {
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && ptr == text.data() + text.size();
+}
+
+template <typename Int>
+bool parse_number(std::string_view text, Int& out) {
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && ptr == text.data() + text.size();
+}
+
+// "count,bytes,seconds"
+bool parse_collective(std::string_view text, CollectiveTotals& out) {
+  const auto a = text.find(',');
+  const auto b = a == std::string_view::npos ? a : text.find(',', a + 1);
+  if (b == std::string_view::npos) return false;
+  return parse_number(text.substr(0, a), out.count) && parse_number(text.substr(a + 1, b - a - 1), out.bytes) &&
+         parse_number(text.substr(b + 1), out.seconds);
+}
+
+// One field into `s`; false when its value is malformed. Unknown keys pass.
+bool parse_field(std::string_view key, std::string_view value, RankSnapshot& s, bool& versioned) {
+  if (key == "v") return versioned = value == "1";
+  if (key == "pub") return parse_number(value, s.publication);
+  if (key == "rank") return parse_number(value, s.rank);
+  if (key == "world") return parse_number(value, s.world);
+  if (key == "step") return parse_number(value, s.step);
+  if (key == "loss") return parse_number(value, s.loss);
+  if (key == "lr") return parse_number(value, s.lr);
+  if (key == "tokens_per_s") return parse_number(value, s.tokens_per_s);
+  if (key == "step_s") return parse_number(value, s.step_seconds);
+  if (key == "compute_s") return parse_number(value, s.compute_seconds);
+  if (key == "flops_per_s") return parse_number(value, s.flops_per_s);
+  if (key == "data_wait_s") return parse_number(value, s.data_wait_seconds);
+  if (key == "ckpt_saves") return parse_number(value, s.checkpoint_saves);
+  if (key == "ckpt_save_s") return parse_number(value, s.checkpoint_save_seconds);
+  if (key == "ckpt_blocked_s") return parse_number(value, s.checkpoint_blocked_seconds);
+  for (std::size_t k = 0; k < kCollectiveKinds.size(); ++k) {
+    if (key == kCollectiveKinds[k]) return parse_collective(value, s.collectives[k]);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string encode_snapshot(const RankSnapshot& s) {
+  std::string out = fmt::format(
+      "v=1 pub={} rank={} world={} step={} loss={} lr={} tokens_per_s={} step_s={} compute_s={} flops_per_s={} "
+      "data_wait_s={} ckpt_saves={} ckpt_save_s={} ckpt_blocked_s={}",
+      s.publication, s.rank, s.world, s.step, s.loss, s.lr, s.tokens_per_s, s.step_seconds, s.compute_seconds,
+      s.flops_per_s, s.data_wait_seconds, s.checkpoint_saves, s.checkpoint_save_seconds,
+      s.checkpoint_blocked_seconds);
+  for (std::size_t k = 0; k < kCollectiveKinds.size(); ++k) {
+    const CollectiveTotals& c = s.collectives[k];
+    out += fmt::format(" {}={},{},{}", kCollectiveKinds[k], c.count, c.bytes, c.seconds);
+  }
+  return out;
+}
+
+std::optional<RankSnapshot> parse_snapshot(std::string_view text) {
+  RankSnapshot s;
+  bool versioned = false;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    if (text[pos] == ' ') {
+      ++pos;
+      continue;
+    }
+    std::size_t end = text.find(' ', pos);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view field = text.substr(pos, end - pos);
+    const std::size_t eq = field.find('=');
+    if (eq == std::string_view::npos) return std::nullopt;
+    if (!parse_field(field.substr(0, eq), field.substr(eq + 1), s, versioned)) return std::nullopt;
+    pos = end;
+  }
+  if (!versioned) return std::nullopt;
+  return s;
+}
+
+}  // namespace dtrain::launcher

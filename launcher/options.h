@@ -1,0 +1,56 @@
+// What one dtrain-launch agent was asked to do: the command line
+// (docs/launcher.md), completed from Slurm's variables when the agent runs as
+// one task per node under srun, and checked.
+//
+// Pure functions: they read only their arguments, so tests pass their own
+// argument lists and environments.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/environment.h"
+
+namespace dtrain::launcher {
+
+struct LaunchOptions {
+  bool standalone = false;
+  int min_nodes = 1;                // --nnodes N (MIN = MAX = N) or MIN:MAX
+  int max_nodes = 1;
+  std::optional<int> node_rank;     // --node-rank: this node's place (a preference when elastic)
+  std::string endpoint_host;        // --rdzv-endpoint HOST:PORT (standalone: 127.0.0.1)
+  int endpoint_port = 0;            // standalone: 0 until a free port is bound
+  std::string run_id;               // --rdzv-id, else SLURM_JOB_ID, else "dtrain"
+  int nproc_per_node = 1;
+  int max_restarts = 0;
+  double monitor_interval_s = 0.5;
+  double hang_timeout_s = 300.0;    // 0: no hang detection
+  double stop_timeout_s = 15.0;     // grace between SIGTERM and SIGKILL
+  double rdzv_timeout_s = 600.0;    // waiting for nodes to join a round
+  double last_call_s = 10.0;        // elastic: after MIN nodes joined, wait this long for more
+  std::string log_dir = "logs";
+  int metrics_port = 0;              // --metrics-port: serve /metrics here (0: off)
+  std::string metrics_host = "127.0.0.1";  // --metrics-host: the address /metrics listens on
+  std::vector<std::string> command;  // PROGRAM ARGS...
+  bool from_slurm = false;           // nodes, rank and endpoint came from Slurm's variables
+
+  bool elastic() const { return min_nodes != max_nodes; }
+  bool multi_node() const { return !standalone; }
+};
+
+// Parses argv (argv[0] is the program). Throws dtrain::Error naming the
+// option and the fix; `help` is set (and nothing else checked) for --help.
+LaunchOptions parse_command_line(const std::vector<std::string>& args, std::string* help);
+
+// Fills what the command line left out from `env` (Slurm: SLURM_JOB_ID,
+// SLURM_NNODES, SLURM_NODEID, SLURM_STEP_NODELIST or SLURM_JOB_NODELIST; the
+// port is DTRAIN_STORE_PORT or derived from the job and step ids as for
+// srun-started workers, cluster/slurm_store.h: 20000-27999) and checks the whole. Throws dtrain::Error saying what
+// is missing or inconsistent.
+void resolve_options(LaunchOptions& options, const cluster::EnvMap& env);
+
+// "4", "2:4" -> {min, max}; throws naming --nnodes.
+std::pair<int, int> parse_nnodes(const std::string& text);
+
+}  // namespace dtrain::launcher

@@ -1,0 +1,45 @@
+// Bulk conversions between f32 and the 16-bit float formats (bf16, f16),
+// rounding to nearest even (core/dtype.h gives the per-element rules: NaN
+// stays NaN, overflow becomes inf, subnormals are kept). Used by the
+// mixed-precision layers, the sharding engine's compute copies and its
+// 16-bit gradient communication. Loops are written so that GCC vectorises
+// them; any thread may call them on disjoint memory.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace dtrain::nn::cpu {
+
+// The two 16-bit formats as load/store policies, for kernels templated on them.
+struct Bf16Format {
+  static constexpr DType kDType = DType::bf16;
+  static float load(std::uint16_t h) { return bf16_to_f32(h); }
+  static std::uint16_t store(float f) { return f32_to_bf16(f); }
+};
+
+struct F16Format {
+  static constexpr DType kDType = DType::f16;
+  static float load(std::uint16_t h) { return f16_to_f32(h); }
+  static std::uint16_t store(float f) { return f32_to_f16(f); }
+};
+
+// Calls fn(Bf16Format{}) or fn(F16Format{}) for dtype.
+// REQUIRES: dtype is bf16 or f16.
+template <class Fn>
+decltype(auto) with_half_format(DType dtype, Fn&& fn) {
+  if (dtype == DType::bf16) return fn(Bf16Format{});
+  DTRAIN_CHECK(dtype == DType::f16, "{} is not a 16-bit float type", dtype_name(dtype));
+  return fn(F16Format{});
+}
+
+// dst[i] = round(src[i]) in `dtype` (bf16 or f16), n elements.
+void f32_to_half(const float* src, DType dtype, std::uint16_t* dst, std::int64_t n);
+// dst[i] = src[i] widened to f32 (exact).
+void half_to_f32(const std::uint16_t* src, DType dtype, float* dst, std::int64_t n);
+// dst[i] += src[i] widened to f32.
+void add_half_to_f32(const std::uint16_t* src, DType dtype, float* dst, std::int64_t n);
+
+}  // namespace dtrain::nn::cpu

@@ -1,0 +1,137 @@
+// dtrain-launch agents as nodes: two agents on loopback form one job and
+// train what the job started by hand trains; two agents in two network
+// namespaces (198.51.100.0/24, talking only inside the namespaces) do the
+// same; an elastic job (--nnodes 1:2) whose second agent is killed goes on
+// with one node and finishes from its checkpoint.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "integration/launch_testing.h"
+
+namespace dtrain::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<std::string> node_args(int nnodes_min, int nnodes_max, int rank, const std::string& endpoint,
+                                   const TempDir& dir) {
+  const std::string nnodes =
+      nnodes_min == nnodes_max ? std::to_string(nnodes_min) : fmt::format("{}:{}", nnodes_min, nnodes_max);
+  return {"--nnodes", nnodes, "--node-rank", std::to_string(rank), "--rdzv-endpoint", endpoint, "--rdzv-id", "nodes",
+          "--nproc-per-node", "1", "--rdzv-timeout", "60", "--log-dir", dir.file(fmt::format("logs{}", rank))};
+}
+
+const std::map<std::string, std::string> kToken = {{"DTRAIN_TOKEN", "shared-node-secret"}};
+
+TEST(LaunchNodes, TwoAgentsOnLoopbackFormOneJob) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  ASSERT_TRUE(run_by_hand(dir, 2, worker_command(config, dir / "hand"))) << read_file(dir / "hand0.log");
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    agents.push_back(start_launch(node_args(2, 2, node, endpoint, dir), worker_command(config, dir / "run"),
+                                  dir.file(fmt::format("agent{}.log", node)), kToken));
+  }
+  ASSERT_TRUE(wait_all(agents, 120s)) << read_file(dir / "agent0.log") << read_file(dir / "agent1.log");
+  for (auto& a : agents) ASSERT_EQ(a.exit_code(), 0) << a.log();
+  EXPECT_THAT(agents[1].log(), HasSubstr("round 0: node 1 of 2, ranks 1-1 of 2"));
+  EXPECT_THAT(agents[0].log(), HasSubstr("[rank 0] dtrain-worker: lm model, 20 steps"));
+  EXPECT_EQ(comparable_metrics(dir / "run" / "metrics.jsonl"), comparable_metrics(dir / "hand" / "metrics.jsonl"));
+}
+
+// Two network namespaces joined by a veth pair; removed (with their
+// /etc/netns files, which give each namespace its own address for this
+// host's name, as gloo listens on that) when the test ends.
+class Namespaces {
+ public:
+  Namespaces()
+      : a_(fmt::format("dtl-a-{}", ::getpid())), b_(fmt::format("dtl-b-{}", ::getpid())),
+        had_etc_netns_(std::filesystem::exists("/etc/netns")) {}
+  ~Namespaces() {
+    for (const auto& ns : {a_, b_}) {
+      if (made_) run_command("ip netns del " + ns);
+      std::filesystem::remove_all("/etc/netns/" + ns);
+    }
+    std::error_code ec;
+    if (!had_etc_netns_) std::filesystem::remove("/etc/netns", ec);  // only if empty
+  }
+  // Empty when every step worked; otherwise why not.
+  std::string make() {
+    const CommandResult add = run_command(fmt::format("ip netns add {} && ip netns add {}", a_, b_));
+    if (add.exit_code != 0) return "ip netns add failed: " + add.output;
+    made_ = true;
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string veth = fmt::format("v{}", ::getpid() % 100000);
+    const CommandResult link = run_command(fmt::format(
+        "ip link add {v}a type veth peer name {v}b && ip link set {v}a netns {a} && ip link set {v}b netns {b} && "
+        "ip -n {a} addr add 198.51.100.1/24 dev {v}a && ip -n {b} addr add 198.51.100.2/24 dev {v}b && "
+        "ip -n {a} link set {v}a up && ip -n {b} link set {v}b up && ip -n {a} link set lo up && "
+        "ip -n {b} link set lo up && mkdir -p /etc/netns/{a} /etc/netns/{b} && "
+        "printf '127.0.0.1 localhost\\n198.51.100.1 {h}\\n' > /etc/netns/{a}/hosts && "
+        "printf '127.0.0.1 localhost\\n198.51.100.2 {h}\\n' > /etc/netns/{b}/hosts",
+        fmt::arg("v", veth), fmt::arg("a", a_), fmt::arg("b", b_), fmt::arg("h", host)));
+    return link.exit_code == 0 ? "" : "veth set-up failed: " + link.output;
+  }
+  const std::string& a() const { return a_; }
+  const std::string& b() const { return b_; }
+
+ private:
+  std::string a_, b_;
+  bool had_etc_netns_;
+  bool made_ = false;
+};
+
+TEST(LaunchNodes, TwoAgentsInTwoNetworkNamespacesFormOneJob) {
+  Namespaces ns;
+  if (const std::string why = ns.make(); !why.empty()) GTEST_SKIP() << "no network namespaces here: " << why;
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const std::string endpoint = "198.51.100.1:29517";
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> argv = {"/usr/sbin/ip", "netns", "exec", node == 0 ? ns.a() : ns.b(), launcher()};
+    const auto args = node_args(2, 2, node, endpoint, dir);
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--");
+    const auto command = worker_command(config, dir / "run");
+    argv.insert(argv.end(), command.begin(), command.end());
+    if (!std::filesystem::exists(argv[0])) argv[0] = "/sbin/ip";
+    agents.push_back(spawn_process(argv, kToken, dir.file(fmt::format("agent{}.log", node))));
+  }
+  ASSERT_TRUE(wait_all(agents, 120s)) << read_file(dir / "agent0.log") << read_file(dir / "agent1.log");
+  for (auto& a : agents) ASSERT_EQ(a.exit_code(), 0) << a.log();
+  EXPECT_THAT(agents[0].log(), HasSubstr("hosting the run's store on 198.51.100.1:29517"));
+  EXPECT_THAT(agents[0].log(), HasSubstr("[rank 0] done: 20 steps"));
+  EXPECT_THAT(agents[1].log(), HasSubstr("round 0: node 1 of 2, ranks 1-1 of 2"));
+}
+
+TEST(LaunchNodes, ElasticJobLosingANodeGoesOnWithTheOther) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const auto command = worker_command(config, dir / "run", {"train.steps=300", "train.grad_accum_steps=2",
+                                                            "checkpoint.every_steps=10", "checkpoint.resume=auto"});
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    auto args = node_args(1, 2, node, endpoint, dir);
+    args.insert(args.end(), {"--rdzv-last-call", "5", "--max-restarts", "2", "--stop-timeout", "5"});
+    agents.push_back(start_launch(args, command, dir.file(fmt::format("agent{}.log", node)), kToken));
+  }
+  const std::string log0 = dir.file("agent0.log");
+  ASSERT_FALSE(wait_for_text(log0, "round 0: node 0 of 2", 60s).empty()) << read_file(log0);
+  ASSERT_FALSE(wait_for_text(log0, "step +30/300", 60s).empty()) << read_file(log0);
+  ::kill(agents[1].pid, SIGKILL);
+  ASSERT_TRUE(wait_all(agents, 120s)) << read_file(log0);
+  const std::string out = read_file(log0);
+  EXPECT_EQ(agents[0].exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("round 1: node 0 of 1, ranks 0-0 of 1"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("resumed from .* saved by 2 rank"));
+  EXPECT_THAT(out, HasSubstr("[rank 0] done: 300 steps"));
+}
+
+}  // namespace
+}  // namespace dtrain::testing

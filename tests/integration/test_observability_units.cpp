@@ -1,0 +1,119 @@
+// The pieces of observability without a job: the metrics snapshot's text
+// round trip, straggler naming against the median, the rendered page (valid
+// for promtool), train.trace_steps parsing, the trace merge, and
+// scripts/plot.sh drawing PNGs from a metrics.jsonl.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "integration/observability_testing.h"
+#include "launcher/metrics_render.h"
+#include "launcher/metrics_snapshot.h"
+#include "launcher/trace_merge.h"
+#include "worker/trace.h"
+
+namespace dtrain::testing {
+namespace {
+
+launcher::RankSnapshot rank_snapshot(int rank, double compute) {
+  launcher::RankSnapshot s;
+  s.publication = 3;
+  s.rank = rank;
+  s.world = 4;
+  s.step = 17;
+  s.loss = 2.5;
+  s.compute_seconds = compute;
+  s.collectives[0] = {10, 4096, 0.25};
+  return s;
+}
+
+TEST(ObservabilityUnits, SnapshotTextRoundTrips) {
+  const launcher::RankSnapshot s = rank_snapshot(2, 0.125);
+  const auto back = launcher::parse_snapshot(launcher::encode_snapshot(s) + " later_field=7");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->rank, 2);
+  EXPECT_EQ(back->step, 17);
+  EXPECT_EQ(back->compute_seconds, 0.125);
+  EXPECT_EQ(back->collectives[0].bytes, 4096u);
+  EXPECT_FALSE(launcher::parse_snapshot("beat=1 step=2").has_value());
+  EXPECT_FALSE(launcher::parse_snapshot("v=1 step=x").has_value());
+}
+
+TEST(ObservabilityUnits, StragglersExceedTheMedianByTheFactor) {
+  using Ranks = std::vector<std::optional<launcher::RankSnapshot>>;
+  const Ranks two = {rank_snapshot(0, 0.010), rank_snapshot(1, 0.016)};
+  EXPECT_EQ(launcher::find_stragglers(two, 1.5), std::vector<int>{1});  // the lower middle is the median
+  const Ranks even = {rank_snapshot(0, 0.010), rank_snapshot(1, 0.014)};
+  EXPECT_TRUE(launcher::find_stragglers(even, 1.5).empty());
+  const Ranks four = {rank_snapshot(0, 0.010), std::nullopt, rank_snapshot(2, 0.011), rank_snapshot(3, 0.030)};
+  EXPECT_EQ(launcher::find_stragglers(four, 1.5), std::vector<int>{3});
+}
+
+TEST(ObservabilityUnits, RenderedPagePassesPromtool) {
+  launcher::JobMetrics job;
+  job.world_size = 2;
+  job.workers_up = 2;
+  job.ranks = {rank_snapshot(0, 0.01), rank_snapshot(1, 0.05)};
+  const std::string page = launcher::render_prometheus(job);
+  EXPECT_NE(page.find("dtrain_rank_straggler{rank=\"1\"} 1\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("dtrain_collective_bytes_total{rank=\"0\",kind=\"allreduce\"} 4096\n"), std::string::npos);
+  const Promtool promtool = find_promtool();
+  if (promtool.path.empty()) GTEST_SKIP() << promtool.why_not;
+  TempDir dir;
+  for (const launcher::JobMetrics& j : {job, launcher::JobMetrics{}}) {
+    const CommandResult r = promtool_check(promtool, dir, launcher::render_prometheus(j));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+}
+
+TEST(ObservabilityUnits, TraceStepsParse) {
+  EXPECT_FALSE(worker::parse_trace_steps("").has_value());
+  const auto range = worker::parse_trace_steps("10:15");
+  ASSERT_TRUE(range.has_value());
+  EXPECT_EQ(range->first, 10);
+  EXPECT_EQ(range->last, 15);
+  EXPECT_EQ(worker::parse_trace_steps("7")->last, 7);
+  for (const char* bad : {"0:3", "5:2", "x", "3:", ":4"}) {
+    EXPECT_THROW(worker::parse_trace_steps(bad), ConfigError) << bad;
+  }
+}
+
+TEST(ObservabilityUnits, TracesMergeWithATrackPerRank) {
+  TempDir dir;
+  dir.write("a.json", R"({"traceEvents":[{"name":"step","ph":"X","pid":0,"tid":0,"ts":1,"dur":2}]})");
+  dir.write("b.json", R"({"dropped":1,"traceEvents":[{"name":"step","ph":"X","pid":1,"tid":0,"ts":1,"dur":3}]})");
+  launcher::merge_trace_files({dir / "a.json", dir / "b.json"}, dir / "trace.json");
+  std::ifstream in(dir / "trace.json");
+  const auto merged = nlohmann::json::parse(in);
+  ASSERT_EQ(merged["traceEvents"].size(), 2u);
+  EXPECT_EQ(merged["traceEvents"][1]["pid"], 1);
+  EXPECT_EQ(merged["dropped"], 1);
+  EXPECT_THROW(launcher::merge_trace_files({dir / "missing.json"}, dir / "x.json"), IoError);
+}
+
+TEST(ObservabilityUnits, PlotScriptWritesPngs) {
+  if (run_command("command -v gnuplot").exit_code != 0) GTEST_SKIP() << "gnuplot is not installed (gnuplot-nox)";
+  TempDir dir;
+  std::string lines;
+  for (int step = 1; step <= 20; ++step) {
+    lines += fmt::format(R"({{"step":{},"loss":{},"lr":0.001,"grad_norm":1.5,"tokens_per_s":{},"step_ms":12.5}})",
+                         step, 4.0 - 0.1 * step, 1000 + 10 * step) + "\n";
+    if (step % 10 == 0) lines += fmt::format(R"({{"event":"eval","step":{},"loss":3.1,"accuracy":0.5}})", step) + "\n";
+  }
+  lines += R"({"event":"end","step":20,"loss":2.0})" "\n";
+  dir.write("metrics.jsonl", lines);
+  const CommandResult r = run_command(fmt::format("'{}/scripts/plot.sh' '{}'", source_dir(), dir.str()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* png : {"loss.png", "eval.png", "tokens_per_s.png"}) {
+    const auto path = dir / "plots" / png;
+    ASSERT_TRUE(std::filesystem::exists(path)) << png;
+    EXPECT_GT(std::filesystem::file_size(path), 1000u) << png;
+    EXPECT_EQ(read_file(path).substr(1, 3), "PNG") << png;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::testing

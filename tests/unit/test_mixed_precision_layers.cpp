@@ -1,0 +1,183 @@
+// Each mixed-precision layer against its f32 reference, in bf16 and f16.
+// Tolerances (max |half - f32| / max |f32| over the output):
+//   same inputs rounded, f32 output: 1e-5 (only the summation order differs);
+//   a 16-bit output of exact math: one rounding, 2^-8 (bf16) / 2^-11 (f16);
+//   a whole layer from f32 inputs (inputs, intermediates and outputs rounded):
+//   3e-2 (bf16, 8-bit mantissa) / 5e-3 (f16, 11-bit).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "nn/attention.h"
+#include "nn/attention_half.h"
+#include "nn/cpu/convert.h"
+#include "nn/cpu/matmul.h"
+#include "nn/gelu.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+
+namespace dtrain::nn {
+namespace {
+
+using Half = std::vector<std::uint16_t>;
+
+std::vector<float> random(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+Half narrow(const std::vector<float>& v, DType t) {
+  Half h(v.size());
+  cpu::f32_to_half(v.data(), t, h.data(), static_cast<std::int64_t>(v.size()));
+  return h;
+}
+
+std::vector<float> widen(const Half& h, DType t) {
+  std::vector<float> v(h.size());
+  cpu::half_to_f32(h.data(), t, v.data(), static_cast<std::int64_t>(h.size()));
+  return v;
+}
+
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return diff / scale;
+}
+
+double rounding(DType t) { return t == DType::bf16 ? 0x1p-8 : 0x1p-11; }
+double layer_tolerance(DType t) { return t == DType::bf16 ? 3e-2 : 5e-3; }
+
+class MixedPrecisionLayer : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MixedPrecisionLayer, GemmMatchesF32OnTheRoundedInputs) {
+  const DType t = GetParam();
+  const std::int64_t m = 37, n = 45, k = 70;
+  const std::vector<float> a = widen(narrow(random(m * k, 1), t), t);
+  const std::vector<float> b = widen(narrow(random(k * n, 2), t), t);
+  const std::vector<float> bias = random(n, 3);
+  std::vector<float> want(m * n, 0.5f), got32(m * n, 0.5f);
+  cpu::Gemm g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.trans_b = true;
+  g.accumulate = true;
+  cpu::gemm(g, a.data(), b.data(), want.data(), bias.data());
+  g.a_type = g.b_type = t;
+  const Half ha = narrow(a, t), hb = narrow(b, t);
+  cpu::gemm(g, static_cast<const void*>(ha.data()), hb.data(), got32.data(), bias.data());
+  EXPECT_LT(rel_error(got32, want), 1e-5);
+  g.accumulate = false;
+  g.c_type = t;
+  Half c16(m * n);
+  std::vector<float> plain(m * n);
+  cpu::Gemm f = g;
+  f.a_type = f.b_type = f.c_type = DType::f32;
+  cpu::gemm(f, a.data(), b.data(), plain.data(), bias.data());
+  cpu::gemm(g, static_cast<const void*>(ha.data()), hb.data(), c16.data(), bias.data());
+  EXPECT_LE(rel_error(widen(c16, t), plain), rounding(t));
+}
+
+TEST_P(MixedPrecisionLayer, LayerNormIsTheRoundedF32Result) {
+  const DType t = GetParam();
+  const std::int64_t n = 9, c = 48;
+  const auto x = random(n * c, 4, 3.0f), w = random(c, 5), b = random(c, 6);
+  std::vector<float> y(n * c), mean(n), rstd(n), mean16(n), rstd16(n);
+  layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), n, c);
+  Half y16(n * c);
+  layernorm_forward_half(x.data(), w.data(), b.data(), y16.data(), t, mean16.data(), rstd16.data(),
+                         n, c);
+  EXPECT_EQ(y16, narrow(y, t));
+  EXPECT_EQ(mean16, mean);
+  EXPECT_EQ(rstd16, rstd);
+}
+
+TEST_P(MixedPrecisionLayer, GeluForwardAndBackwardRoundOnce) {
+  const DType t = GetParam();
+  const std::int64_t n = 5000;
+  const Half x16 = narrow(random(n, 7, 2.0f), t);
+  const std::vector<float> x = widen(x16, t);
+  std::vector<float> y(n), dydx(n);
+  gelu_forward(x.data(), y.data(), dydx.data(), n);
+  Half y16(n), d16(x16);
+  gelu_forward_half(t, d16.data(), y16.data(), d16.data(), n);  // derivative over x, in place
+  EXPECT_EQ(y16, narrow(y, t));
+  EXPECT_EQ(d16, narrow(dydx, t));
+  const Half dy16 = narrow(random(n, 8), t);
+  std::vector<float> dx(n);
+  const std::vector<float> dy = widen(dy16, t), dydx_rounded = widen(d16, t);
+  gelu_backward(dy.data(), dydx_rounded.data(), dx.data(), n);
+  Half g16(dy16);
+  gelu_backward_half(t, g16.data(), d16.data(), n);
+  EXPECT_EQ(g16, narrow(dx, t));
+}
+
+TEST_P(MixedPrecisionLayer, LinearForwardAndBackwardMatchF32) {
+  const DType t = GetParam();
+  const std::int64_t n = 24, in = 40, out = 56;
+  const auto x = random(n * in, 9), w = random(out * in, 10, 0.2f), b = random(out, 11);
+  const auto dy = random(n * out, 12);
+  std::vector<float> y(n * out), dx(n * in), dw(out * in, 0.0f), db(out, 0.0f);
+  linear_forward(x.data(), w.data(), b.data(), y.data(), n, in, out);
+  linear_backward(dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), n, in, out);
+  const Half x16 = narrow(x, t), w16 = narrow(w, t), dy16 = narrow(dy, t);
+  std::vector<float> y32(n * out), dx32(n * in), dw32(out * in, 0.0f), db32(out, 0.0f);
+  linear_forward_half(t, x16.data(), w16.data(), b.data(), y32.data(), DType::f32, n, in, out);
+  linear_backward_half(t, dy16.data(), dy.data(), x16.data(), w16.data(), dx32.data(), DType::f32,
+                       dw32.data(), db32.data(), n, in, out);
+  EXPECT_LT(rel_error(y32, y), layer_tolerance(t));
+  EXPECT_LT(rel_error(dx32, dx), layer_tolerance(t));
+  EXPECT_LT(rel_error(dw32, dw), layer_tolerance(t));
+  EXPECT_LT(rel_error(db32, db), 1e-6);  // from the f32 gradient
+  std::vector<float> db16(out, 0.0f);
+  std::vector<float> dw2(out * in, 0.0f);
+  linear_backward_half(t, dy16.data(), nullptr, x16.data(), w16.data(), nullptr, DType::f32,
+                       dw2.data(), db16.data(), n, in, out);
+  EXPECT_LT(rel_error(db16, db), layer_tolerance(t));
+}
+
+TEST_P(MixedPrecisionLayer, AttentionForwardAndBackwardMatchF32) {
+  const DType t = GetParam();
+  for (bool causal : {false, true}) {
+    const AttentionShape s{2, 16, 3, 8, causal};
+    const std::int64_t d = s.d_model(), rows = s.batch * s.seq;
+    const auto qkv = random(rows * 3 * d, 13), d_out = random(rows * d, 14);
+    const auto he = static_cast<std::size_t>(s.head_elems());
+    const auto pe = static_cast<std::size_t>(s.prob_elems());
+    std::vector<float> q(he), k(he), v(he), p(pe), o(rows * d), d_qkv(rows * 3 * d);
+    std::vector<float> s_out(he), s_dp(pe), s_dq(he), s_dk(he), s_dv(he);
+    const AttentionSaved saved{q.data(), k.data(), v.data(), p.data()};
+    const AttentionScratch scratch{s_out.data(), s_dp.data(), s_dq.data(), s_dk.data(), s_dv.data()};
+    attention_forward(s, qkv.data(), o.data(), saved, scratch);
+    attention_backward(s, d_out.data(), d_qkv.data(), saved, scratch);
+
+    Half q16(he), k16(he), v16(he), p16(pe), o16(rows * d), dqkv16(rows * 3 * d);
+    Half heads(he), ds(pe), dq(he), dk(he), dv(he);
+    std::vector<float> scores(pe);
+    const AttentionSavedHalf saved16{q16.data(), k16.data(), v16.data(), p16.data()};
+    const AttentionScratchHalf scratch16{scores.data(), heads.data(), ds.data(),
+                                         dq.data(),     dk.data(),    dv.data()};
+    const Half qkv16 = narrow(qkv, t), d_out16 = narrow(d_out, t);
+    attention_forward_half(s, t, qkv16.data(), o16.data(), saved16, scratch16);
+    attention_backward_half(s, t, d_out16.data(), dqkv16.data(), saved16, scratch16);
+    EXPECT_LT(rel_error(widen(p16, t), p), layer_tolerance(t)) << "causal " << causal;
+    EXPECT_LT(rel_error(widen(o16, t), o), layer_tolerance(t)) << "causal " << causal;
+    EXPECT_LT(rel_error(widen(dqkv16, t), d_qkv), layer_tolerance(t)) << "causal " << causal;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MixedPrecisionLayer, ::testing::Values(DType::bf16, DType::f16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace dtrain::nn

@@ -1,0 +1,73 @@
+#include "worker/metrics_publisher.h"
+
+#include "comm/op_stats.h"
+
+namespace dtrain::worker {
+namespace {
+
+// The atomics hold only what the training thread wrote last: plain stores.
+void add(std::atomic<double>& total, double v) {
+  total.store(total.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void LiveMetrics::set_communicator(const std::shared_ptr<comm::Communicator>& comm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_ = comm;
+}
+
+void LiveMetrics::record_step(const StepFigures& f) {
+  loss_.store(f.loss, std::memory_order_relaxed);
+  lr_.store(f.lr, std::memory_order_relaxed);
+  step_s_.store(f.step_seconds, std::memory_order_relaxed);
+  tokens_per_s_.store(f.tokens_per_s, std::memory_order_relaxed);
+  flops_.store(f.flops_per_s, std::memory_order_relaxed);
+  add(compute_total_, f.compute_seconds);
+  add(data_wait_total_, f.data_wait_seconds);
+  step_.store(f.step, std::memory_order_relaxed);
+  steps_recorded_.fetch_add(1, std::memory_order_release);  // last: the figures above belong to it
+}
+
+void LiveMetrics::record_checkpoint(double write_seconds, double blocked_seconds) {
+  save_s_.store(write_seconds, std::memory_order_relaxed);
+  blocked_s_.store(blocked_seconds, std::memory_order_relaxed);
+  saves_.fetch_add(1, std::memory_order_relaxed);
+}
+
+launcher::RankSnapshot LiveMetrics::snapshot_fields() {
+  std::lock_guard<std::mutex> lock(mu_);
+  launcher::RankSnapshot s;
+  const std::int64_t steps = steps_recorded_.load(std::memory_order_acquire);
+  const double compute = compute_total_.load(std::memory_order_relaxed);
+  if (steps > prev_steps_) {
+    compute_mean_ = (compute - prev_compute_) / static_cast<double>(steps - prev_steps_);
+    prev_steps_ = steps;
+    prev_compute_ = compute;
+  }
+  s.publication = ++publication_;
+  s.rank = rank_;
+  s.world = world_;
+  s.step = step_.load(std::memory_order_relaxed);
+  s.loss = loss_.load(std::memory_order_relaxed);
+  s.lr = lr_.load(std::memory_order_relaxed);
+  s.tokens_per_s = tokens_per_s_.load(std::memory_order_relaxed);
+  s.step_seconds = step_s_.load(std::memory_order_relaxed);
+  s.compute_seconds = compute_mean_;
+  s.flops_per_s = flops_.load(std::memory_order_relaxed);
+  s.data_wait_seconds = data_wait_total_.load(std::memory_order_relaxed);
+  s.checkpoint_saves = saves_.load(std::memory_order_relaxed);
+  s.checkpoint_save_seconds = save_s_.load(std::memory_order_relaxed);
+  s.checkpoint_blocked_seconds = blocked_s_.load(std::memory_order_relaxed);
+  if (auto comm = comm_.lock()) {
+    for (int k = 0; k < comm::kNumOpKinds; ++k) {
+      const comm::OpStats::Totals t = comm->op_stats().totals(static_cast<comm::OpKind>(k));
+      s.collectives[static_cast<std::size_t>(k)] = {t.count, t.bytes, t.seconds};
+    }
+  }
+  return s;
+}
+
+std::string LiveMetrics::snapshot() { return launcher::encode_snapshot(snapshot_fields()); }
+
+}  // namespace dtrain::worker

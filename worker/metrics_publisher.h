@@ -1,0 +1,67 @@
+// LiveMetrics: the figures of the running training that /metrics shows
+// (launcher/metrics_snapshot.h). The training thread records each step into
+// atomics (no allocation, no lock); snapshot() turns them into the snapshot
+// text, which the heartbeat thread publishes in the store for dtrain-launch
+// (DTRAIN_METRICS) and the worker's own /metrics server renders
+// (dtrain-worker --metrics-port).
+//
+// Threading: record_* on the training thread only; snapshot() and
+// set_communicator() from any thread (serialised by a lock).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/communicator.h"
+#include "launcher/metrics_snapshot.h"
+
+namespace dtrain::worker {
+
+struct StepFigures {
+  std::int64_t step = 0;
+  double loss = 0.0;
+  double lr = 0.0;
+  double step_seconds = 0.0;
+  double compute_seconds = 0.0;    // forward and backward, without collective waits
+  double data_wait_seconds = 0.0;  // waiting for this step's batches
+  double tokens_per_s = 0.0;       // the job's
+  double flops_per_s = 0.0;        // the job's model FLOP/s
+};
+
+class LiveMetrics {
+ public:
+  LiveMetrics(int rank, int world_size) : rank_(rank), world_(world_size) {}
+
+  // The collective totals come from here; it is not kept alive.
+  void set_communicator(const std::shared_ptr<comm::Communicator>& comm);
+  void record_step(const StepFigures& f);
+  // A committed checkpoint save (worker/checkpointing.h: SaveTimes).
+  void record_checkpoint(double write_seconds, double blocked_seconds);
+
+  // The snapshot as launcher::encode_snapshot writes it; compute_s is the
+  // mean over the steps since the previous call.
+  std::string snapshot();
+  launcher::RankSnapshot snapshot_fields();
+
+ private:
+  int rank_;
+  int world_;
+  std::atomic<std::int64_t> step_{0};
+  std::atomic<double> loss_{0.0}, lr_{0.0}, step_s_{0.0}, tokens_per_s_{0.0}, flops_{0.0};
+  std::atomic<double> compute_total_{0.0}, data_wait_total_{0.0};
+  std::atomic<std::int64_t> steps_recorded_{0};
+  std::atomic<std::int64_t> saves_{0};
+  std::atomic<double> save_s_{0.0}, blocked_s_{0.0};
+
+  std::mutex mu_;
+  std::weak_ptr<comm::Communicator> comm_;  // guarded by mu_
+  std::int64_t publication_ = 0;             // guarded by mu_
+  std::int64_t prev_steps_ = 0;              // guarded by mu_
+  double prev_compute_ = 0.0;                // guarded by mu_
+  double compute_mean_ = 0.0;                // guarded by mu_
+};
+
+}  // namespace dtrain::worker
