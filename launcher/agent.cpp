@@ -115,6 +115,7 @@ AgentState Agent::init() {
   if (options_.metrics_port > 0) {
     metrics_ = std::make_unique<MetricsExporter>(options_.metrics_host, options_.metrics_port,
                                                  ms(options_.monitor_interval_s), console_);
+    metrics_->set_peak_flops(options_.peak_flops);
     console_.say(fmt::format("serving /metrics on http://{}:{}/metrics", options_.metrics_host, metrics_->port()));
   }
   return AgentState::rendezvous;

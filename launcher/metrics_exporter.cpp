@@ -71,6 +71,11 @@ void MetricsExporter::name_stragglers(const JobMetrics& job) {
   }
 }
 
+void MetricsExporter::set_peak_flops(double peak_flops_per_worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_.peak_flops_per_worker = peak_flops_per_worker;
+}
+
 std::string MetricsExporter::render() {
   JobMetrics job;
   {

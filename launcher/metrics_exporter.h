@@ -40,6 +40,8 @@ class MetricsExporter {
   void collect(comm::Store& store, const std::string& round_prefix, int local_running, Clock::time_point now);
 
   std::string render();
+  // One worker's peak FLOP/s (the GPU's or the CPU's): with it the page has dtrain_mfu.
+  void set_peak_flops(double peak_flops_per_worker);
 
  private:
   void name_stragglers(const JobMetrics& job);

@@ -97,6 +97,10 @@ void render_training(Page& p, const JobMetrics& job) {
   p.family("dtrain_model_flops_per_second", "gauge",
            "Model FLOP/s of the job (model FLOPs per token x tokens/s); MFU is this over the peak.");
   p.sample("dtrain_model_flops_per_second", "", lead->flops_per_s);
+  if (job.peak_flops_per_worker > 0.0 && job.world_size > 0) {
+    p.family("dtrain_mfu", "gauge", "Model FLOPs utilisation: model FLOP/s over the peak of every worker (--peak-flops).");
+    p.sample("dtrain_mfu", "", lead->flops_per_s / (job.peak_flops_per_worker * job.world_size));
+  }
 }
 
 void render_ranks(Page& p, const JobMetrics& job) {

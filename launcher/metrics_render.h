@@ -28,6 +28,7 @@ struct JobMetrics {
   int workers_up = 0;          // ranks whose snapshot was refreshed recently
   int local_workers_running = 0;  // this node's worker processes still running
   double straggler_factor = kStragglerFactor;
+  double peak_flops_per_worker = 0.0;  // --peak-flops: one worker's peak FLOP/s; 0 = unknown (no dtrain_mfu)
   std::vector<std::optional<RankSnapshot>> ranks;  // index = rank; nullopt: none seen yet
 };
 

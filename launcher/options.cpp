@@ -114,6 +114,8 @@ LaunchOptions parse_command_line(const std::vector<std::string>& args, std::stri
   app.add_option("--log-dir", o.log_dir, "where rank_K.log files go");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus /metrics on this port (0: off)");
   app.add_option("--metrics-host", o.metrics_host, "the address /metrics listens on (default 127.0.0.1)");
+  app.add_option("--peak-flops", o.peak_flops, "one worker's peak FLOP/s (e.g. 989e12): /metrics then has dtrain_mfu")
+      ->check(CLI::NonNegativeNumber);
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   try {

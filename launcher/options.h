@@ -32,6 +32,7 @@ struct LaunchOptions {
   std::string log_dir = "logs";
   int metrics_port = 0;              // --metrics-port: serve /metrics here (0: off)
   std::string metrics_host = "127.0.0.1";  // --metrics-host: the address /metrics listens on
+  double peak_flops = 0.0;           // --peak-flops: one worker's peak FLOP/s, for dtrain_mfu (0: not exported)
   std::vector<std::string> command;  // PROGRAM ARGS...
   bool from_slurm = false;           // nodes, rank and endpoint came from Slurm's variables
 

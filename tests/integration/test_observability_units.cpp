@@ -69,6 +69,17 @@ TEST(ObservabilityUnits, RenderedPagePassesPromtool) {
   }
 }
 
+TEST(ObservabilityUnits, MfuIsModelFlopsOverEveryWorkersPeak) {
+  launcher::JobMetrics job;
+  job.world_size = 2;
+  job.ranks = {rank_snapshot(0, 0.1), rank_snapshot(1, 0.1)};
+  job.ranks[0]->flops_per_s = 3e12;
+  EXPECT_EQ(launcher::render_prometheus(job).find("dtrain_mfu"), std::string::npos) << "no peak, no MFU";
+  job.peak_flops_per_worker = 10e12;
+  EXPECT_NE(launcher::render_prometheus(job).find("\ndtrain_mfu 0.15\n"), std::string::npos)
+      << launcher::render_prometheus(job);
+}
+
 TEST(ObservabilityUnits, TraceStepsParse) {
   EXPECT_FALSE(worker::parse_trace_steps("").has_value());
   const auto range = worker::parse_trace_steps("10:15");
