@@ -79,8 +79,8 @@ std::optional<std::int64_t> parse_step_name(const std::string& name);
 void prepare_step(Env& env, const std::filesystem::path& root, std::int64_t step);
 
 // Creates `pending` if needed, writes rank_RRRRR.bin with `ranges` in order,
-// fsyncs it, its directory and the directory above (so the file survives a
-// crash). IoError if the file exists. REQUIRES: each range's data non-null
+// fsyncs it and its directory (commit_step's fsync of root then makes the
+// directory itself durable). IoError if the file exists. REQUIRES: each range's data non-null
 // (or count 0), count >= 0.
 RankFileRecord write_rank_file(Env& env, const std::filesystem::path& pending, int rank,
                                const std::vector<RangeData>& ranges);

@@ -113,8 +113,14 @@ void commit_step(Env& env, const fs::path& root, Manifest manifest) {
   }
   replace_file(env, pending, kManifestTmpName, kManifestName, manifest.SerializeAsString());
   env.rename(pending, final_dir);
-  env.sync_dir(root);  // the step is committed from here on
-  replace_file(env, root, kLatestTmpName, kLatestName, final_dir.filename().string() + "\n");
+  // One fsync of root makes both renames durable: the step is committed from
+  // there on. A crash before it may keep the step and the old `latest`, which
+  // only names an older committed step (loading looks at the steps themselves).
+  const fs::path latest_tmp = root / kLatestTmpName;
+  if (env.exists(latest_tmp)) env.remove_file(latest_tmp);
+  env.write_file(latest_tmp, final_dir.filename().string() + "\n", /*sync=*/true);
+  env.rename(latest_tmp, root / kLatestName);
+  env.sync_dir(root);
 }
 
 std::vector<std::int64_t> committed_steps(Env& env, const fs::path& root) {
@@ -181,7 +187,7 @@ void remove_old_steps(Env& env, const fs::path& root, int keep_last) {
     }
     env.remove_all(dir);
   }
-  env.sync_dir(root);
+  // No fsync of root: a deletion a crash undoes is redone by the next save.
 }
 
 }  // namespace dtrain::checkpoint

@@ -63,7 +63,7 @@ void agree(comm::Communicator& comm, const std::string& error, const std::string
 
 // Reads in flight at once while loading: storage serves several requests
 // faster than one (more queue depth), and the checksums are computed in parallel.
-constexpr int kReadThreads = 4;
+constexpr int kReadThreads = 2;
 
 // Calls fn(0..n-1) on up to `threads` threads; rethrows the first exception.
 void for_each_parallel(std::size_t n, int threads, const std::function<void(std::size_t)>& fn) {

@@ -46,5 +46,20 @@ TEST(Crc32c, FastPathMatchesTableAtEveryAlignmentAndLength) {
   }
 }
 
+// Long inputs take the three-stream path (blocks of 8 KiB, then 256 bytes)
+// whose partial crcs are combined: it must agree with the table everywhere.
+TEST(Crc32c, ThreeStreamPathMatchesTableOnLongInputs) {
+  std::mt19937 rng(11);
+  std::vector<unsigned char> bytes((std::size_t{1} << 20) + 64);
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  for (std::size_t start : {0, 3, 8}) {
+    for (std::size_t n : {767, 768, 769, 24575, 24576, 24577, 24576 + 768 + 13, 100000, 1 << 20}) {
+      EXPECT_EQ(crc32c(bytes.data() + start, n), crc32c_portable(bytes.data() + start, n))
+          << "start " << start << " length " << n;
+    }
+  }
+  EXPECT_EQ(crc32c(bytes.data() + 5000, 60000, crc32c(bytes.data(), 5000)), crc32c(bytes.data(), 65000));
+}
+
 }  // namespace
 }  // namespace dtrain::checkpoint
