@@ -332,10 +332,18 @@ void Agent::merge_traces() {
 }
 
 AgentState Agent::stopping() {
-  const int first = end_.kind == RoundEnd::Kind::stopped && end_.signal != 0 ? end_.signal : SIGTERM;
-  console_.say(fmt::format("round {} ended: {}; stopping workers (grace {:.0f} s)", plan_.round, end_.headline,
-                           options_.stop_timeout_s));
-  workers_->stop(ms(options_.stop_timeout_s), first);
+  if (end_.kind == RoundEnd::Kind::failure) {
+    // A failed round cannot save: every save is collective and a rank is
+    // gone or stuck. The survivors resume from the last checkpoint anyway,
+    // so they are stopped at once rather than after a grace they cannot use.
+    console_.say(fmt::format("round {} ended: {}; stopping workers", plan_.round, end_.headline));
+    workers_->stop(ms(0), SIGKILL);
+  } else {
+    const int first = end_.kind == RoundEnd::Kind::stopped && end_.signal != 0 ? end_.signal : SIGTERM;
+    console_.say(fmt::format("round {} ended: {}; stopping workers (grace {:.0f} s)", plan_.round, end_.headline,
+                             options_.stop_timeout_s));
+    workers_->stop(ms(options_.stop_timeout_s), first);
+  }
   if (end_.kind == RoundEnd::Kind::stopped) {
     console_.say(fmt::format("workers {}; exiting as stopped by {}",
                              workers_->all_succeeded() ? "saved and exited" : "did not all exit cleanly",

@@ -1,0 +1,103 @@
+// Device-side helpers shared by the kernels of nn/cuda/ (include from .cu only):
+// the CPU's exp/erf approximations, 16-bit loads and stores, block reductions
+// and grid sizing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace dtrain::nn::cuda::detail {
+
+constexpr int kBlock = 256;  // threads per block of the elementwise and row kernels
+
+inline unsigned grid_for(std::int64_t n, int block = kBlock) {
+  std::int64_t blocks = (n + block - 1) / block;
+  if (blocks > 65535 * 32) blocks = 65535 * 32;  // grid-stride loops cover the rest
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+// The same operations as nn/cpu/vec_math.h's fast_exp, so GPU and CPU results
+// agree to an ulp or two (libm's expf differs by more in GELU's tails).
+// __fmul_rn / __fadd_rn keep nvcc from contracting into FMAs the CPU code does not use.
+__device__ __forceinline__ float fast_exp(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n =
+      __fadd_rn(__fadd_rn(__fmul_rn(x, 1.44269504088896341f), 12582912.0f), -12582912.0f);
+  float r = __fsub_rn(x, __fmul_rn(n, 0.693359375f));
+  r = __fsub_rn(r, __fmul_rn(n, -2.12194440e-4f));
+  float p = 1.9875691500e-4f;
+  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
+  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
+  p = __fadd_rn(__fadd_rn(__fmul_rn(__fmul_rn(p, r), r), r), 1.0f);
+  const float scale = __uint_as_float(static_cast<unsigned>(static_cast<int>(n) + 127) << 23);
+  return x <= -87.0f ? 0.0f : __fmul_rn(p, scale);
+}
+
+// nn/cpu/vec_math.h's fast_erf (Numerical Recipes' erfc fit), op for op.
+__device__ __forceinline__ float fast_erf(float x) {
+  const float ax = fabsf(x);
+  const float t = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fmul_rn(0.5f, ax)));
+  const float c[] = {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f,
+                     0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
+  float poly = 0.17087277f;
+#pragma unroll
+  for (float ci : c) poly = __fadd_rn(__fmul_rn(poly, t), ci);
+  const float erfc = __fmul_rn(t, fast_exp(__fadd_rn(-__fmul_rn(ax, ax), poly)));
+  const float y = __fsub_rn(1.0f, erfc);
+  return x < 0.0f ? -y : y;
+}
+
+// 16-bit storage: bf16 or f16 as raw uint16_t, as on the CPU.
+struct Bf16 {
+  __device__ static float load(std::uint16_t h) {
+    return __bfloat162float(__ushort_as_bfloat16(h));
+  }
+  __device__ static std::uint16_t store(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+};
+struct F16 {
+  __device__ static float load(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
+  __device__ static std::uint16_t store(float f) { return __half_as_ushort(__float2half_rn(f)); }
+};
+struct F32 {
+  __device__ static float load(float f) { return f; }
+  __device__ static float store(float f) { return f; }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum (or max) of v over the block; every thread gets the result.
+// REQUIRES: blockDim.x a multiple of 32, at most 1024; all threads call it.
+template <bool kMax>
+__device__ float block_reduce(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  float r = lane < warps ? partial[lane] : (kMax ? -INFINITY : 0.0f);
+  return kMax ? warp_max(r) : warp_sum(r);
+}
+
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
+
+}  // namespace dtrain::nn::cuda::detail
