@@ -1,10 +1,7 @@
 #include "comm/connect.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -24,22 +21,6 @@
 
 namespace dtrain::comm {
 namespace {
-
-// Whether something already listens on `port` of this machine (the
-// launcher's store): binding the port for a moment tells.
-bool port_taken(std::uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw_errno("socket", "");
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(port);
-  const bool taken = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno == EADDRINUSE;
-  ::close(fd);
-  return taken;
-}
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
@@ -177,7 +158,7 @@ OpenedStore open_store(const cluster::Environment& env, Duration timeout,
   // Rank 0 hosts the store unless someone (dtrain-launch) already does; under
   // srun nobody else can, so a taken port is an error there.
   const bool host_here =
-      env.rank == 0 && (env.store_from_slurm || !port_taken(static_cast<std::uint16_t>(endpoint.port)));
+      env.rank == 0 && (env.store_from_slurm || !tcp_port_in_use(endpoint.port));
   const bool token_file = env.token.empty() && env.store_from_slurm && !token_dir.empty();
   std::string token = env.token.empty() ? "dtrain:" + env.run_id : env.token;
   if (token_file && host_here) token = cluster::random_token();

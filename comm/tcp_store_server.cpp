@@ -1,6 +1,11 @@
 #include "comm/tcp_store_server.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <future>
 #include <thread>
@@ -342,5 +347,19 @@ void TcpStoreServer::stop() { impl_->stop(); }
 void TcpStoreServer::close_connections() { impl_->close_connections(); }
 std::size_t TcpStoreServer::connection_count() const { return impl_->connection_count(); }
 std::size_t TcpStoreServer::waiter_count() const { return impl_->waiter_count(); }
+
+bool tcp_port_in_use(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw_errno("socket", "");
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
 
 }  // namespace dtrain::comm

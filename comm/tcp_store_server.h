@@ -59,4 +59,8 @@ class TcpStoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether something already listens on TCP `port` of this machine (on any
+// address): binding it for a moment tells. A launcher's store, or a clash.
+bool tcp_port_in_use(int port);
+
 }  // namespace dtrain::comm

@@ -1,16 +1,11 @@
 #include "launcher/store_host.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-
 #include <fmt/format.h>
 
 #include "cluster/node_address.h"
 #include "cluster/run_token.h"
 #include "comm/tcp_store.h"
+#include "comm/tcp_store_server.h"
 #include "core/error.h"
 
 namespace dtrain::launcher {
@@ -20,24 +15,9 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-// Whether `port` is free on every address of this machine right now.
-bool port_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw_errno("socket", "");
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  ::close(fd);
-  return free;
-}
-
 std::unique_ptr<comm::TcpStoreServer> host(LaunchOptions& o, const std::string& token) {
   const std::string where = fmt::format("{}:{}", o.endpoint_host, o.endpoint_port);
-  if (o.endpoint_port != 0 && !port_free(o.endpoint_port)) {
+  if (o.endpoint_port != 0 && comm::tcp_port_in_use(o.endpoint_port)) {
     throw CommError(fmt::format(
         "cannot host the rendezvous store on {}: port {} is already in use (another job's store or another "
         "program listens there); pick a free port with --rdzv-endpoint HOST:PORT{} or stop that program",
@@ -73,7 +53,7 @@ std::string run_token(const LaunchOptions& options, const cluster::EnvMap& env) 
 bool hosts_store(const LaunchOptions& options) {
   if (options.standalone) return true;
   if (options.node_rank) return *options.node_rank == 0;
-  return port_free(options.endpoint_port);
+  return !comm::tcp_port_in_use(options.endpoint_port);
 }
 
 StoreConnection open_run_store(LaunchOptions& o, const std::string& token) {
