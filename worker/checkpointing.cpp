@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <exception>
-#include <functional>
-#include <mutex>
 #include <thread>
 #include <cstring>
 
@@ -59,33 +56,6 @@ void agree(comm::Communicator& comm, const std::string& error, const std::string
   if (reason.empty()) return;
   if (comm.rank() == 0) throw IoError(fmt::format("{}: {}", what, reason));
   throw IoError(fmt::format("{}: {} (reported by rank 0)", what, reason));
-}
-
-// Reads in flight at once while loading: storage serves several requests
-// faster than one (more queue depth), and the checksums are computed in parallel.
-constexpr int kReadThreads = 2;
-
-// Calls fn(0..n-1) on up to `threads` threads; rethrows the first exception.
-void for_each_parallel(std::size_t n, int threads, const std::function<void(std::size_t)>& fn) {
-  std::atomic<std::size_t> next{0};
-  std::mutex mu;
-  std::exception_ptr first;
-  auto run = [&] {
-    for (std::size_t i = next++; i < n; i = next++) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-        next = n;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min<int>(threads, static_cast<int>(n)); ++t) pool.emplace_back(run);
-  run();
-  for (auto& t : pool) t.join();
-  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace
@@ -306,12 +276,12 @@ std::string Checkpointer::try_load(const std::filesystem::path& dir, ck::Manifes
     const ck::StepReport files = ck::check_step_files(env_, dir);
     if (!files.ok) throw IoError(files.problem);
     *manifest = ck::read_manifest(env_, dir);
-    const std::vector<sharding::StateSlice> slices = engine_.state_to_load();
-    for_each_parallel(slices.size(), kReadThreads, [&](std::size_t i) {
-      const sharding::StateSlice& s = slices[i];
-      if (s.range.size == 0) return;
+    // In file order, one read at a time: measured faster here than two
+    // reads in flight (the ranks of a job already read in parallel).
+    for (const sharding::StateSlice& s : engine_.state_to_load()) {
+      if (s.range.size == 0) continue;
       ck::read_range(env_, dir, *manifest, ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, s.data);
-    });
+    }
   } catch (const Error& e) {
     problem = e.what();
   }
