@@ -123,8 +123,9 @@ class Engine : public nn::BlockHooks {
   // parameters every rank needs are made whole again (all-gather, stage 1-2)
   // and the compute copies refreshed. With loss scaling, grad_norm() must have
   // been called this step: a non-finite norm skips the update (returns false)
-  // and the scaler backs off. Skipped steps still count in `step` (AdamW's
-  // bias correction), as the trainer's step counter does.
+  // and the scaler backs off. `step` is AdamW's t (bias correction): the
+  // trainer passes the count of applied updates, so a skipped step does not
+  // advance it (as with PyTorch's GradScaler); the LR schedule still advances.
   bool step(const nn::AdamWHyper& hyper, std::int64_t step, float grad_scale);
 
   // The factor backward multiplies the loss by (1 without loss scaling).

@@ -109,7 +109,7 @@ void measure_round(worker::Trainer& trainer, worker::Checkpointer& saver, const 
   f.plain_read.push_back(p.read_s);
 
   const std::int64_t step = 1000 + 2 * round;
-  saver.save(step, 0);
+  saver.save(step, 0, step);
   f.save.push_back(saver.last_save().blocked_s);
 
   const fs::path step_dir = checkpoint::step_dir(saver.root(), step);
@@ -121,7 +121,7 @@ void measure_round(worker::Trainer& trainer, worker::Checkpointer& saver, const 
   loader.resume(nullptr);
   f.load.push_back(seconds_since(t0));
 
-  saver.start_save(step + 1, 0);
+  saver.start_save(step + 1, 0, step + 1);
   while (saver.in_flight()) {
     trainer.step();  // training goes on while the file is written
     if (saver.ready()) saver.advance();
@@ -171,7 +171,10 @@ int run_checkpoint_bench(const CheckpointBenchOptions& options) {
   if (::mkdtemp(pattern.data()) == nullptr) throw_errno("cannot create a directory under", parent.string());
   const fs::path dir = pattern;
   config.mutable_checkpoint()->set_dir((dir / "checkpoints").string());
-  config.mutable_checkpoint()->set_keep_last(1);
+  // Every step is kept until the end: deleting the previous round's files
+  // (and the discards and journal commits that follow) would overlap the
+  // next measurement. The directory is removed when the benchmark ends.
+  config.mutable_checkpoint()->set_keep_last(1000);
   config.mutable_checkpoint()->set_resume("none");
   config.mutable_checkpoint()->set_async(true);
   config.mutable_train()->set_steps(1000000);

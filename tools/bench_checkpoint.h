@@ -3,7 +3,8 @@
 // of the same bytes in the same directory, measured in the same run; and how
 // long an asynchronous save blocks training compared with a synchronous one.
 // Reads start from cold pages (posix_fadvise DONTNEED after the fsync), for
-// the checkpoint and the baseline alike.
+// the checkpoint and the baseline alike. Saves keep every step (no deletion
+// of older steps inside the measurement); the directory is removed at the end.
 #pragma once
 
 #include <string>

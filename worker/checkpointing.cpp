@@ -135,8 +135,7 @@ std::string Checkpointer::write_part(std::int64_t step, const std::vector<ck::Ra
 
 // Rank 0: the manifest of step `step` from every rank's part; IoError when a
 // rank could not write its file.
-ck::Manifest Checkpointer::manifest_from(const std::vector<std::string>& parts, std::int64_t step,
-                                         std::int64_t data_position) const {
+ck::Manifest Checkpointer::manifest_from(const std::vector<std::string>& parts, const Pending& pending) const {
   ck::Manifest manifest = run_state_;
   for (const auto& bytes : parts) {
     if (bytes.empty() || bytes[0] != '1') throw IoError(bytes.empty() ? "a rank sent nothing" : bytes.substr(1));
@@ -150,12 +149,12 @@ ck::Manifest Checkpointer::manifest_from(const std::vector<std::string>& parts, 
     block->set_name(b.name);
     block->set_numel(b.numel);
   }
-  manifest.set_step(step);
+  manifest.set_step(pending.step);
   manifest.set_config_json(config_to_json(config_));
   manifest.set_world_size(comm_.world_size());
   manifest.set_zero_stage(config_.parallel().zero_stage());
-  manifest.set_data_position(data_position);
-  manifest.set_optimizer_step(step);
+  manifest.set_data_position(pending.data_position);
+  manifest.set_optimizer_step(pending.optimizer_step);
   return manifest;
 }
 
@@ -177,7 +176,7 @@ void Checkpointer::advance() {
     done_.store(true, std::memory_order_relaxed);
     if (comm_.rank() == 0) {
       try {
-        ck::Manifest manifest = manifest_from(parts, p.step, p.data_position);
+        ck::Manifest manifest = manifest_from(parts, p);
         done_.store(false, std::memory_order_relaxed);
         worker_ = std::thread([this, manifest = std::move(manifest)] {
           try {
@@ -208,7 +207,7 @@ void Checkpointer::finish_save() {
   while (pending_) advance();  // each phase joins the background work it waits for
 }
 
-void Checkpointer::save(std::int64_t step, std::int64_t data_position) {
+void Checkpointer::save(std::int64_t step, std::int64_t data_position, std::int64_t optimizer_step) {
   finish_save();
   const auto t0 = Clock::now();
   begin(step);
@@ -220,7 +219,7 @@ void Checkpointer::save(std::int64_t step, std::int64_t data_position) {
   const auto w0 = Clock::now();
   written_part_ = write_part(step, ranges);
   work_seconds_ = seconds_since(w0);
-  pending_ = Pending{step, data_position, 0.0, Phase::writing};
+  pending_ = Pending{step, data_position, optimizer_step, 0.0, Phase::writing};
   finish_save();
   last_save_.blocked_s = seconds_since(t0);
 }
@@ -251,7 +250,7 @@ std::vector<ck::RangeData> Checkpointer::snapshot() {
   return ranges;
 }
 
-void Checkpointer::start_save(std::int64_t step, std::int64_t data_position) {
+void Checkpointer::start_save(std::int64_t step, std::int64_t data_position, std::int64_t optimizer_step) {
   finish_save();
   const auto t0 = Clock::now();
   begin(step);
@@ -264,7 +263,7 @@ void Checkpointer::start_save(std::int64_t step, std::int64_t data_position) {
     work_seconds_ = seconds_since(w0);
     done_.store(true, std::memory_order_release);
   });
-  pending_ = Pending{step, data_position, seconds_since(t0), Phase::writing};
+  pending_ = Pending{step, data_position, optimizer_step, seconds_since(t0), Phase::writing};
 }
 
 // Loads the step in `dir` into the engine. Each rank checks the files and
@@ -340,7 +339,7 @@ std::optional<ResumePoint> Checkpointer::resume(std::ostream* console) {
     *console << fmt::format("checkpoint: resumed from {} (step {}, saved by {} rank(s) at ZeRO stage {})\n",
                             loaded->string(), manifest.step(), manifest.world_size(), manifest.zero_stage());
   }
-  return ResumePoint{manifest.step(), manifest.data_position(), *loaded};
+  return ResumePoint{manifest.step(), manifest.data_position(), *loaded, manifest.optimizer_step()};
 }
 
 }  // namespace dtrain::worker

@@ -39,6 +39,7 @@ struct ResumePoint {
   std::int64_t step = 0;            // optimizer steps done
   std::int64_t data_position = 0;   // global sample index of the next batch
   std::filesystem::path dir;        // the step directory loaded
+  std::int64_t optimizer_step = 0;  // updates applied (AdamW's t; below step after skipped fp16 steps)
 };
 
 // What the last committed save cost this rank.
@@ -70,11 +71,11 @@ class Checkpointer {
   // Saves the engine's state after `step` steps and commits it (a save in
   // flight is finished first); rank 0 then deletes committed steps beyond
   // checkpoint.keep_last. Any rank's failure is an IoError on every rank.
-  void save(std::int64_t step, std::int64_t data_position);
+  void save(std::int64_t step, std::int64_t data_position, std::int64_t optimizer_step);
 
   // Finishes a save in flight, snapshots the engine's state and starts
   // writing it in the background. The engine may change as soon as this returns.
-  void start_save(std::int64_t step, std::int64_t data_position);
+  void start_save(std::int64_t step, std::int64_t data_position, std::int64_t optimizer_step);
   // A save is in flight (same answer on every rank).
   bool in_flight() const { return pending_.has_value(); }
   // This rank's part of the save's current phase is done (or nothing is in
@@ -94,6 +95,7 @@ class Checkpointer {
   struct Pending {
     std::int64_t step = 0;
     std::int64_t data_position = 0;
+    std::int64_t optimizer_step = 0;
     double blocked_s = 0.0;
     Phase phase = Phase::writing;
   };
@@ -101,8 +103,7 @@ class Checkpointer {
   void capture_run_state();
   std::vector<checkpoint::RangeData> snapshot();
   std::string write_part(std::int64_t step, const std::vector<checkpoint::RangeData>& ranges);
-  checkpoint::Manifest manifest_from(const std::vector<std::string>& parts, std::int64_t step,
-                                     std::int64_t data_position) const;
+  checkpoint::Manifest manifest_from(const std::vector<std::string>& parts, const Pending& pending) const;
   std::string try_load(const std::filesystem::path& dir, checkpoint::Manifest* manifest);
   void set_aside_corrupt_steps(std::int64_t resumed_step, std::ostream* console);
 

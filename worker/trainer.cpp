@@ -117,7 +117,10 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   if (!is_rank0()) options_.console = nullptr;
   checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *comm_, options_.checkpoint_env);
   resumed_ = checkpointer_->resume(options_.console);
-  if (resumed_) step_ = resumed_->step;
+  if (resumed_) {
+    step_ = resumed_->step;
+    optimizer_steps_ = resumed_->optimizer_step;
+  }
 
   data::LoaderOptions lo;
   lo.name = "train";
@@ -232,7 +235,7 @@ StepResult Trainer::step() {
   const float clip = nn::clip_factor(norm, o.grad_clip());
   const float lr = schedule_.at(step_);
   const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
-  engine_->step(hyper, step_ + 1, clip);
+  if (engine_->step(hyper, optimizer_steps_ + 1, clip)) ++optimizer_steps_;  // a skipped fp16 step does not count
   if (tracer_) tracer_->span("optimizer", optimizer_start, Clock::now());
   // The loss of the whole global batch (the mean over ranks), and whether any
   // rank was asked to stop: every rank sees the same answer at this boundary.
@@ -253,10 +256,10 @@ StepResult Trainer::step() {
 
 void Trainer::save_checkpoint() {
   if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::checkpoint, step_);
-  checkpointer_->save(step_, train_loader_->position());
+  checkpointer_->save(step_, train_loader_->position(), optimizer_steps_);
 }
 
-void Trainer::start_checkpoint() { checkpointer_->start_save(step_, train_loader_->position()); }
+void Trainer::start_checkpoint() { checkpointer_->start_save(step_, train_loader_->position(), optimizer_steps_); }
 
 void Trainer::finish_checkpoint() { checkpointer_->finish_save(); }
 

@@ -100,6 +100,8 @@ class Trainer {
   std::int64_t tokens_per_step() const;
   std::int64_t seq_len() const { return model_->seq_len(); }
   std::int64_t steps_done() const { return step_; }
+  // Optimizer updates applied: steps_done() minus fp16 steps skipped on overflow.
+  std::int64_t optimizer_steps() const { return optimizer_steps_; }
   // Where this run resumed from (nullopt: it started fresh).
   const std::optional<ResumePoint>& resumed() const { return resumed_; }
   // Saves a checkpoint of the state after steps_done() steps (collective).
@@ -138,6 +140,7 @@ class Trainer {
   std::unique_ptr<MetricsWriter> metrics_;
   nn::LrSchedule schedule_;
   std::int64_t step_ = 0;
+  std::int64_t optimizer_steps_ = 0;  // updates applied (AdamW's t): steps minus skipped fp16 steps
   std::unique_ptr<Tracer> tracer_;  // train.trace_steps; observes comm_'s collectives
   std::int64_t live_save_step_ = -1;  // the last save reported to live_metrics
 };

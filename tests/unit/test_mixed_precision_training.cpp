@@ -159,7 +159,9 @@ TEST(MixedPrecisionLossScaling, InjectedOverflowOnOneRankSkipsTheStepOnAll) {
       EXPECT_FALSE(std::isfinite(skipped.grad_norm)) << "rank " << comm.rank() << " stage " << stage;
       EXPECT_EQ(engine.loss_scale(), scale / 2) << "rank " << comm.rank() << " stage " << stage;
       EXPECT_EQ(engine.gather_parameters(), before) << "rank " << comm.rank() << " stage " << stage;
+      EXPECT_EQ(trainer.optimizer_steps(), 3) << "a skipped step is no AdamW update";
       const worker::StepResult next = trainer.step();
+      EXPECT_EQ(trainer.optimizer_steps(), 4);
       EXPECT_TRUE(std::isfinite(next.grad_norm)) << "rank " << comm.rank() << " stage " << stage;
       EXPECT_NE(engine.gather_parameters(), before) << "rank " << comm.rank() << " stage " << stage;
     });
