@@ -39,7 +39,7 @@ class SlurmBatch : public SlurmTest {
 };
 
 TEST_F(SlurmBatch, ExampleScriptWithOneLauncherPerNodeTrainsWhatRanksStartedByHandTrain) {
-  if (!std::filesystem::exists(launch_bin())) GTEST_SKIP() << launch_bin() << " is not built";
+  ASSERT_TRUE(std::filesystem::exists(launch_bin())) << launch_bin() << " is not built";
   TempDir dir;
   const std::string config = dir.write("tiny.json", kTinyLm).string();
   run_by_hand(dir, config, 4, dir.file("hand"));
@@ -58,9 +58,7 @@ class SlurmPreemption : public SlurmBatch, public ::testing::WithParamInterface<
 
 TEST_P(SlurmPreemption, SignalledJobCheckpointsRequeuesItselfAndEndsWithTheUninterruptedLoss) {
   const std::string launch = GetParam();
-  if (launch == "dtrain-launch" && !std::filesystem::exists(launch_bin())) {
-    GTEST_SKIP() << launch_bin() << " is not built";
-  }
+  ASSERT_TRUE(launch != "dtrain-launch" || std::filesystem::exists(launch_bin())) << launch_bin() << " is not built";
   TempDir dir;
   const std::string config = dir.write("tiny.json", kTinyLm).string();
   // Long enough that the signal lands mid-run; the test waits for progress first.

@@ -64,7 +64,7 @@ TEST_F(SlurmSrun, TokenFileOnStorageTheOtherNodeCannotSeeIsNamed) {
 }
 
 TEST_F(SlurmSrun, OneLauncherPerNodeTrainsExactlyWhatFourRanksStartedByHandTrain) {
-  if (!std::filesystem::exists(launch_bin())) GTEST_SKIP() << launch_bin() << " is not built";
+  ASSERT_TRUE(std::filesystem::exists(launch_bin())) << launch_bin() << " is not built";
   TempDir dir;
   const std::string config = dir.write("tiny.json", kTinyLm).string();
   run_by_hand(dir, config, 4, dir.file("hand"));

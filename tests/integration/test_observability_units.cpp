@@ -106,7 +106,7 @@ TEST(ObservabilityUnits, TracesMergeWithATrackPerRank) {
 }
 
 TEST(ObservabilityUnits, PlotScriptWritesPngs) {
-  if (run_command("command -v gnuplot").exit_code != 0) GTEST_SKIP() << "gnuplot is not installed (gnuplot-nox)";
+  ASSERT_EQ(run_command("command -v gnuplot").exit_code, 0) << "gnuplot is not installed: scripts/setup.sh installs gnuplot-nox";
   TempDir dir;
   std::string lines;
   for (int step = 1; step <= 20; ++step) {
