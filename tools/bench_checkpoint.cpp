@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -51,17 +52,21 @@ void drop_cache_of_dir(const fs::path& dir) {
   }
 }
 
-// The baseline: the same slices written back to back to one file, fsync'd
-// with its directory, then read back into one buffer.
-struct Plain {
-  double write_s = 0.0, read_s = 0.0;
-};
+// Waits until the storage is quiet: on virtual disks an fsync can return
+// while the host still writes the data back, and a read measured then pays
+// for that writeback. Every timed operation starts after this, so the
+// baseline and dtrain's save and load meet the same conditions.
+void settle(double seconds) {
+  ::sync();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
 
-Plain plain_write_read(const std::vector<sharding::StateSlice>& slices, const fs::path& dir,
-                       std::vector<float>& read_buffer) {
+// The write baseline: the same slices written back to back to one new
+// file, fsync'd with its directory (what any save must at least do).
+double plain_write(const std::vector<sharding::StateSlice>& slices, const fs::path& dir, double settle_s) {
   const fs::path path = dir / "plain.bin";
-  Plain p;
-  auto t0 = Clock::now();
+  settle(settle_s);
+  const auto t0 = Clock::now();
   {
     Fd f(path, O_WRONLY | O_CREAT | O_EXCL);
     for (const auto& s : slices) {
@@ -78,61 +83,88 @@ Plain plain_write_read(const std::vector<sharding::StateSlice>& slices, const fs
     Fd d(dir, O_RDONLY | O_DIRECTORY);
     if (::fsync(d.fd) != 0) throw_errno("cannot fsync", dir.string());
   }
-  p.write_s = seconds_since(t0);
-  drop_cache(path);
-  t0 = Clock::now();
-  {
-    Fd f(path, O_RDONLY);
-    char* out = reinterpret_cast<char*>(read_buffer.data());
-    const std::size_t total = read_buffer.size() * sizeof(float);
+  const double seconds = seconds_since(t0);
+  fs::remove(path);
+  return seconds;
+}
+
+// The read baseline: every file of the saved step read front to back with
+// plain 8 MiB preads into one buffer, cold. Reading the step's own files (not a
+// copy written at another time) matters here: on a virtual disk the read
+// speed of a file depends on when and how it was written, which would be
+// measured instead of the load's own cost.
+constexpr std::size_t kPlainReadChunk = std::size_t{8} << 20;  // what `dd bs=8M` would ask for
+
+double plain_read(const fs::path& step_dir, std::vector<char>& buffer, double settle_s) {
+  drop_cache_of_dir(step_dir);
+  settle(settle_s);
+  const auto t0 = Clock::now();
+  for (const auto& e : fs::directory_iterator(step_dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::size_t total = static_cast<std::size_t>(e.file_size());
+    if (buffer.size() < total) throw Error(fmt::format("read buffer smaller than {}", e.path().string()));
+    Fd f(e.path(), O_RDONLY);
     for (std::size_t done = 0; done < total;) {
-      const ssize_t n = ::pread(f.fd, out + done, total - done, static_cast<off_t>(done));
-      if (n <= 0) throw_errno("cannot read", path.string());
+      const std::size_t want = std::min(total - done, kPlainReadChunk);
+      const ssize_t n = ::pread(f.fd, buffer.data() + done, want, static_cast<off_t>(done));
+      if (n <= 0) throw_errno("cannot read", e.path().string());
       done += static_cast<std::size_t>(n);
     }
   }
-  p.read_s = seconds_since(t0);
-  fs::remove(path);
-  return p;
+  return seconds_since(t0);
+}
+
+// A cold resume from step_dir into the trainer's engine.
+double load(worker::Trainer& trainer, const config::Config& config, const fs::path& step_dir, double settle_s) {
+  config::Config load_config = config;
+  load_config.mutable_checkpoint()->set_resume(step_dir.string());
+  worker::Checkpointer loader(load_config, trainer.engine(), trainer.communicator());
+  drop_cache_of_dir(step_dir);
+  settle(settle_s);
+  const auto t0 = Clock::now();
+  loader.resume(nullptr);
+  return seconds_since(t0);
 }
 
 struct Figures {
   std::vector<double> plain_write, plain_read, save, load, async_blocked, async_write;
 };
 
-// One round: baseline, a synchronous save and its load, an asynchronous save.
-void measure_round(worker::Trainer& trainer, worker::Checkpointer& saver, const config::Config& config,
-                   const fs::path& dir, int round, std::vector<float>& read_buffer, Figures& f) {
-  const std::vector<sharding::StateSlice> slices = trainer.engine().owned_state();
-  const Plain p = plain_write_read(slices, dir, read_buffer);
-  f.plain_write.push_back(p.write_s);
-  f.plain_read.push_back(p.read_s);
+// One round: the write baseline, a synchronous save, its load and the read
+// baseline over the same files (in alternating order, so neither always
+// comes first after the save), an asynchronous save while training goes on.
+// The saves are the trainer's own, as in a run: its steps wait for an async
+// save's copy before they update the state (Checkpointer::before_update).
+void measure_round(worker::Trainer& trainer, const config::Config& config, const fs::path& dir, int round,
+                   std::vector<char>& read_buffer, double settle_s, Figures& f) {
+  f.plain_write.push_back(plain_write(trainer.engine().owned_state(), dir, settle_s));
 
-  const std::int64_t step = 1000 + 2 * round;
-  saver.save(step, 0, step);
+  settle(settle_s);
+  trainer.save_checkpoint();
+  const worker::Checkpointer& saver = trainer.checkpointer();
   f.save.push_back(saver.last_save().blocked_s);
 
-  const fs::path step_dir = checkpoint::step_dir(saver.root(), step);
-  drop_cache_of_dir(step_dir);
-  config::Config load_config = config;
-  load_config.mutable_checkpoint()->set_resume(step_dir.string());
-  worker::Checkpointer loader(load_config, trainer.engine(), trainer.communicator());
-  const auto t0 = Clock::now();
-  loader.resume(nullptr);
-  f.load.push_back(seconds_since(t0));
-
-  saver.start_save(step + 1, 0, step + 1);
-  while (saver.in_flight()) {
-    trainer.step();  // training goes on while the file is written
-    if (saver.ready()) saver.advance();
+  const fs::path step_dir = checkpoint::step_dir(saver.root(), trainer.steps_done());
+  if (round % 2 == 0) {
+    f.plain_read.push_back(plain_read(step_dir, read_buffer, settle_s));
+    f.load.push_back(load(trainer, config, step_dir, settle_s));
+  } else {
+    f.load.push_back(load(trainer, config, step_dir, settle_s));
+    f.plain_read.push_back(plain_read(step_dir, read_buffer, settle_s));
   }
+
+  trainer.step();  // the async save gets a step of its own
+  settle(settle_s);
+  trainer.start_checkpoint();
+  while (saver.in_flight()) trainer.step();  // steps commit the save once every rank wrote its part
   f.async_blocked.push_back(saver.last_save().blocked_s);
   f.async_write.push_back(saver.last_save().write_s);
+  trainer.step();  // the next round's sync save gets a step of its own
 }
 
 std::string reproduce_command(const CheckpointBenchOptions& o) {
-  std::string cmd = fmt::format("dtrain-bench checkpoint --config {} --dir {} --repeats {}", o.config_path, o.dir,
-                                o.repeats);
+  std::string cmd = fmt::format("dtrain-bench checkpoint --config {} --dir {} --repeats {} --settle {}",
+                                o.config_path, o.dir, o.repeats, o.settle_s);
   for (const std::string& s : o.overrides) cmd += " --set " + s;
   return cmd;
 }
@@ -146,7 +178,7 @@ void print(const CheckpointBenchOptions& o, double gb, const Figures& f) {
   std::cout << fmt::format("{:>24} {:>10.1f} {:>10.3f} {:>8}\n", "plain write+fsync", 1e3 * pw, gb / pw, "1.00");
   std::cout << fmt::format("{:>24} {:>10.1f} {:>10.3f} {:>8.2f}\n", "checkpoint save", 1e3 * save, gb / save,
                            pw / save);
-  std::cout << fmt::format("{:>24} {:>10.1f} {:>10.3f} {:>8}\n", "plain read (cold)", 1e3 * pr, gb / pr, "1.00");
+  std::cout << fmt::format("{:>24} {:>10.1f} {:>10.3f} {:>8}\n", "plain read of its files", 1e3 * pr, gb / pr, "1.00");
   std::cout << fmt::format("{:>24} {:>10.1f} {:>10.3f} {:>8.2f}\n", "checkpoint load (cold)", 1e3 * load,
                            gb / load, pr / load);
   std::cout << fmt::format("{:>24} {:>10.1f} {:>10} {:>8.3f}\n", "async save: blocked", 1e3 * blocked, "",
@@ -181,16 +213,17 @@ int run_checkpoint_bench(const CheckpointBenchOptions& options) {
   Figures f;
   double gb = 0.0;
   try {
-    worker::Trainer trainer(config, {.write_outputs = false, .console = nullptr, .comm = nullptr});
+    worker::TrainerOptions trainer_options;
+    trainer_options.write_outputs = false;
+    worker::Trainer trainer(config, trainer_options);
     trainer.step();
     std::int64_t floats = 0;
     for (const auto& s : trainer.engine().owned_state()) floats += s.range.size;
     gb = static_cast<double>(floats) * sizeof(float) / 1e9;
-    std::vector<float> read_buffer(static_cast<std::size_t>(floats), 0.0f);
-    // One saver for every round, as in training: its snapshot buffer is reused.
-    worker::Checkpointer saver(config, trainer.engine(), trainer.communicator());
+    // The rank file holds the state plus its header and alignment padding.
+    std::vector<char> read_buffer(static_cast<std::size_t>(floats) * sizeof(float) + (std::size_t{1} << 20), 0);
     for (int round = 0; round < options.repeats; ++round) {
-      measure_round(trainer, saver, config, dir, round, read_buffer, f);
+      measure_round(trainer, config, dir, round, read_buffer, options.settle_s, f);
     }
   } catch (...) {
     fs::remove_all(dir);

@@ -17,6 +17,9 @@ struct CheckpointBenchOptions {
   std::vector<std::string> overrides;
   std::string dir;   // where to write (a fresh temporary directory under it; removed after)
   int repeats = 3;   // each figure is the median of this many
+  // Before every timed write and read: sync(2), then this pause, so no
+  // measurement runs while the storage still writes back an earlier one.
+  double settle_s = 2.0;
 };
 
 // Prints a table and `name: value` lines; returns the exit code.

@@ -3,9 +3,10 @@
 // durable, and a resume reads whatever ranges the current world size and ZeRO
 // stage need from whichever files hold them.
 //
-// Asynchronous saves (checkpoint.async): start_save() copies this rank's state
-// into a reused host buffer and a background thread writes and fsyncs the rank
-// file while training goes on. The background thread only writes: gathering
+// Asynchronous saves (checkpoint.async): a background thread copies this
+// rank's state into a reused host buffer, then writes and fsyncs the rank file
+// while training goes on; the trainer calls before_update() before each
+// optimizer update, which waits (rarely) for the copy to be complete. The background thread only writes: gathering
 // every rank's records and the commit stay on the training thread
 // (advance), because collectives issued from two threads could reach the
 // ranks in different orders; rank 0's commit (manifest, renames, fsyncs) then
@@ -46,7 +47,8 @@ struct ResumePoint {
 struct SaveTimes {
   std::int64_t step = -1;
   std::uint64_t bytes = 0;      // this rank's file
-  double blocked_s = 0.0;       // the training thread waited this long (all of a sync save)
+  double blocked_s = 0.0;       // the training thread waited this long (all of a sync save;
+                                // for an async save, start_save, before_update and the commit)
   double write_s = 0.0;         // writing and fsyncing the rank file
 };
 
@@ -73,9 +75,14 @@ class Checkpointer {
   // checkpoint.keep_last. Any rank's failure is an IoError on every rank.
   void save(std::int64_t step, std::int64_t data_position, std::int64_t optimizer_step);
 
-  // Finishes a save in flight, snapshots the engine's state and starts
-  // writing it in the background. The engine may change as soon as this returns.
+  // Finishes a save in flight, then starts copying the engine's state and
+  // writing it in the background. Forward and backward may run as soon as
+  // this returns; anything that changes the saved state (the optimizer
+  // update, a load) must call before_update() first.
   void start_save(std::int64_t step, std::int64_t data_position, std::int64_t optimizer_step);
+  // Waits until a save in flight has copied the engine's state (no-op when
+  // it has, or when nothing is in flight); the wait counts as blocked time.
+  void before_update();
   // A save is in flight (same answer on every rank).
   bool in_flight() const { return pending_.has_value(); }
   // This rank's part of the save's current phase is done (or nothing is in
@@ -101,7 +108,7 @@ class Checkpointer {
   };
   void begin(std::int64_t step);
   void capture_run_state();
-  std::vector<checkpoint::RangeData> snapshot();
+  std::vector<checkpoint::RangeData> snapshot(const std::vector<sharding::StateSlice>& slices);
   std::string write_part(std::int64_t step, const std::vector<checkpoint::RangeData>& ranges);
   checkpoint::Manifest manifest_from(const std::vector<std::string>& parts, const Pending& pending) const;
   std::string try_load(const std::filesystem::path& dir, checkpoint::Manifest* manifest);
@@ -119,6 +126,7 @@ class Checkpointer {
   std::vector<float> snapshot_;
   std::optional<Pending> pending_;
   std::thread worker_;
+  std::atomic<bool> copied_{true};  // the background thread has copied the state
   std::atomic<bool> done_{false};
   std::string written_part_;
   double work_seconds_ = 0.0;

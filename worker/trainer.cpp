@@ -235,6 +235,7 @@ StepResult Trainer::step() {
   const float clip = nn::clip_factor(norm, o.grad_clip());
   const float lr = schedule_.at(step_);
   const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
+  checkpointer_->before_update();  // an async save may still be copying the state
   if (engine_->step(hyper, optimizer_steps_ + 1, clip)) ++optimizer_steps_;  // a skipped fp16 step does not count
   if (tracer_) tracer_->span("optimizer", optimizer_start, Clock::now());
   // The loss of the whole global batch (the mean over ranks), and whether any

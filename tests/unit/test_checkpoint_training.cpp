@@ -107,6 +107,45 @@ TEST(CheckpointTraining, AsyncSaveWritesWhileTrainingGoesOn) {
   EXPECT_TRUE(ck::verify_step(*ck::default_env(), ck::step_dir(dir.path() / "checkpoints", 1)).ok);
 }
 
+// The background copy of an async save races with nothing: once
+// before_update() returns, the state may change and the save still holds the
+// values of the step it was started at. The state is large enough (~30 MB)
+// that overwriting it without the wait would overtake the copy.
+TEST(CheckpointTraining, AnUpdateAfterBeforeUpdateDoesNotReachTheAsyncSave) {
+  testing::TempDir dir;
+  config::Config config = tiny_lm(1, 0, 1000, dir.str(), true);
+  config.mutable_model()->set_d_model(256);
+  config.mutable_model()->set_n_heads(4);
+  config.mutable_model()->set_d_ff(1024);
+  config.mutable_model()->set_n_layers(4);
+  worker::TrainerOptions options;
+  options.write_outputs = false;
+  Trainer trainer(config, options);
+  trainer.step();
+  std::vector<std::vector<float>> expected;
+  for (const auto& s : trainer.engine().owned_state()) expected.emplace_back(s.data, s.data + s.range.size);
+
+  worker::Checkpointer saver(config, trainer.engine(), trainer.communicator());
+  saver.start_save(7, 0, 7);
+  saver.before_update();
+  for (const auto& s : trainer.engine().owned_state()) std::fill(s.data, s.data + s.range.size, -1.0f);
+  saver.finish_save();
+
+  ck::Env& env = *ck::default_env();
+  const auto step_dir = ck::step_dir(dir.path() / "checkpoints", 7);
+  const ck::Manifest manifest = ck::read_manifest(env, step_dir);
+  std::size_t i = 0;
+  for (const auto& s : trainer.engine().owned_state()) {
+    std::vector<float> saved(static_cast<std::size_t>(s.range.size));
+    ck::read_range(env, step_dir, manifest, ck::Range{s.tensor, s.block, s.range.offset, s.range.size}, saved.data());
+    const std::vector<float>& want = expected[i++];
+    ASSERT_EQ(saved.size(), want.size());
+    std::size_t differ = 0;  // counted, not compared whole: a failure would print millions of floats
+    for (std::size_t k = 0; k < saved.size(); ++k) differ += saved[k] != want[k] ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << "elements of " << s.tensor << " of block " << s.block << " differ";
+  }
+}
+
 // metrics.jsonl without the timing fields, which no two runs share.
 std::string untimed_metrics(const std::filesystem::path& out_dir) {
   static const std::regex timing(R"re(,"(tokens_per_s|step_ms)":[^,}]*)re");
