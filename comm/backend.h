@@ -38,6 +38,10 @@ struct Op {
   ReduceOp reduce = ReduceOp::sum;
   int root = 0;
   std::chrono::steady_clock::time_point deadline;
+  // nccl only: a cudaEvent_t recorded on the stream that produced `input`;
+  // the backend makes its own stream wait for it on the GPU (the host does
+  // not wait) before the collective reads the buffer. CPU backends require null.
+  const void* ready_event = nullptr;
 
   // "allreduce #12 (f32 x 1048576, sum)"
   std::string describe() const;

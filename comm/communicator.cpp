@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "comm/comm_thread.h"
@@ -76,6 +78,11 @@ Work Communicator::submit(Op op) {
     throw CommError(fmt::format("{} on {}: reductions take f32, bf16 or f16 buffers", op_kind_name(op.kind),
                                 dtype_name(op.dtype)));
   }
+  if (op.ready_event != nullptr && std::string_view(backend_name_) != "nccl") {
+    throw CommError(fmt::format("{} with a CUDA ready event on backend {}: only nccl waits for events "
+                                "(device buffers need parallel.backend=nccl)",
+                                op_kind_name(op.kind), backend_name_));
+  }
   return Work(thread_->submit(op));
 }
 
@@ -96,8 +103,11 @@ Op make_op(OpKind kind, const void* input, void* output, std::size_t count, DTyp
 
 }  // namespace
 
-Work Communicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
-  return submit(make_op(OpKind::allreduce, data, data, count, dtype, op));
+Work Communicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                             const void* ready_event) {
+  Op o = make_op(OpKind::allreduce, data, data, count, dtype, op);
+  o.ready_event = ready_event;
+  return submit(o);
 }
 
 Work Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype,

@@ -90,7 +90,11 @@ class Communicator {
   const std::string& name() const { return options_.name; }
   Duration timeout() const { return options_.timeout; }
 
-  Work allreduce(void* data, std::size_t count, DType dtype, ReduceOp op);
+  // ready_event (nccl only; see Op::ready_event): a cudaEvent_t the collective
+  // waits for on the GPU, so a caller can queue it before its compute stream
+  // has produced `data`. Other backends refuse a non-null event.
+  Work allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                 const void* ready_event = nullptr);
   Work reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op);
   Work allgather(const void* input, void* output, std::size_t count, DType dtype);
   Work broadcast(void* data, std::size_t count, DType dtype, int root);

@@ -3,17 +3,21 @@
 #   1. configures a CUDA build in build-gpu/ (DTRAIN_WITH_CUDA=ON, sm_90 and
 #      sm_100) and builds the targets below;
 #   2. runs the kernel parity tests (tests/unit/test_cuda_kernels.cpp: every
-#      nn/cuda kernel against its CPU counterpart within stated tolerances)
-#      and the NCCL collectives at world size 1 (test_comm_nccl);
-#   3. runs `dtrain-bench train` on lm-small and cls-seed for reference. The
-#      trainer has no `device: cuda` path yet (nn/cuda/ holds kernels only, see
-#      docs/ARCHITECTURE.md), so these training figures are CPU figures, the
-#      baseline a GPU trainer will be compared with.
+#      nn/cuda kernel against its CPU counterpart within stated tolerances),
+#      the NCCL collectives at world size 1 (test_comm_nccl) and the
+#      `device: cuda` trainer against the CPU one (tests/unit/test_cuda_training.cpp:
+#      20 steps per precision and model, an nccl world of one, checkpoints
+#      saved on cuda resumed on cpu and cuda);
+#   3. runs `dtrain-bench train --set device=cuda` on lm-small and cls-seed in
+#      fp32, bf16 and fp16: tokens/s and MFU against the GPU's dense peak
+#      (dtrain-bench's default is H100/H200's: 989e12 FLOP/s bf16/fp16, 67e12
+#      fp32 without TF32; PEAK_FLOPS overrides it for another GPU).
 # Prints a summary; exits non-zero when a step fails. Tests that skip (no GPU
 # visible) are reported as skipped, not passed. Budget: 5 minutes in all
 # (BUDGET_S), each step gets what is left.
 # Environment: BUILD_DIR (default build-gpu), STEPS (timed training steps, 10),
-# JOBS (build parallelism, nproc), BUDGET_S (300).
+# JOBS (build parallelism, nproc), BUDGET_S (300), PEAK_FLOPS (the GPU's peak
+# FLOP/s for MFU; default: dtrain-bench's H100/H200 figure per precision).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -21,6 +25,7 @@ build=${BUILD_DIR:-build-gpu}
 steps=${STEPS:-10}
 jobs=${JOBS:-$(nproc)}
 budget=${BUDGET_S:-300}
+peak_flops=${PEAK_FLOPS:-}
 start=$SECONDS
 log_dir=$build/gpu-check
 declare -a summary=()
@@ -71,17 +76,22 @@ else
 fi
 
 if run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_WITH_CUDA=ON &&
-  run_step build cmake --build "$build" -j "$jobs" --target test_cuda_kernels test_comm_nccl dtrain-bench; then
+  run_step build cmake --build "$build" -j "$jobs" --target test_cuda_kernels test_comm_nccl \
+    test_cuda_training dtrain-bench; then
   run_step cuda-kernels "$build/tests/test_cuda_kernels"
   run_step nccl-world-of-one "$build/tests/test_comm_nccl"
+  run_step cuda-training "$build/tests/test_cuda_training"
   for config in lm-small cls-seed; do
-    run_step "cpu-train-$config" env OMP_NUM_THREADS="$(nproc)" "$build/bin/dtrain-bench" train \
-      --config "examples/configs/$config.json" --steps "$steps" --warmup 2 --peak-seconds 0.5
+    for precision in fp32 bf16 fp16; do
+      run_step "cuda-train-$config-$precision" "$build/bin/dtrain-bench" train \
+        --config "examples/configs/$config.json" --steps "$steps" --warmup 2 \
+        ${peak_flops:+--peak-flops "$peak_flops"} --set device=cuda precision="$precision"
+    done
   done
 fi
 
 echo
-echo "gpu-check summary ($((SECONDS - start)) s of ${budget} s; training rows are CPU: no device: cuda trainer yet)"
+echo "gpu-check summary ($((SECONDS - start)) s of ${budget} s; training rows: device cuda, MFU against the GPU peak)"
 printf '%s\n' "${summary[@]}"
 if ((failed)); then
   echo "gpu-check: FAILED (see $log_dir/)"

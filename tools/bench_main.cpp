@@ -1,5 +1,5 @@
 // dtrain-bench: benchmarks whose figures can be compared (docs/ARCHITECTURE.md, "Command lines").
-//   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--set a.b=v ...]
+//   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--peak-flops F] [--set a.b=v ...]
 //       (multi-rank under mpirun, srun or dtrain-launch: ZeRO stage parallel.zero_stage)
 //   dtrain-bench checkpoint --config FILE [--dir D] [--repeats R] [--set a.b=v ...]
 //   dtrain-bench allreduce|reduce_scatter|allgather|broadcast --backend auto|gloo|mpi|nccl
@@ -28,6 +28,8 @@ CLI::App* add_train_command(CLI::App& app, dtrain::tools::TrainBenchOptions& tra
   cmd->add_option("--warmup", train.warmup, "untimed steps first");
   cmd->add_option("--peak-seconds", train.peak_seconds, "time spent measuring the GEMM peak")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--peak-flops", train.peak_flops,
+                  "device cuda: the GPU's peak FLOP/s for MFU (default: H100/H200 dense, 989e12 bf16/fp16, 67e12 fp32)");
   cmd->add_option("--set", train.overrides, "override a config field")->take_all();
   return cmd;
 }
@@ -66,8 +68,6 @@ CLI::App* add_checkpoint_command(CLI::App& app, dtrain::tools::CheckpointBenchOp
   cmd->add_option("--dir", o.dir, "write under this directory (default: the temporary directory)");
   cmd->add_option("--repeats", o.repeats, "rounds; figures are medians")->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--settle", o.settle_s, "seconds to pause after sync(2) before each timed write or read")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--set", o.overrides, "override a config field")->take_all();
   return cmd;
 }

@@ -80,6 +80,33 @@ void take_slowest(std::vector<double>& seconds, comm::Communicator* comm) {
   std::copy(s.begin(), s.end(), seconds.begin());
 }
 
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// device cuda: what MFU divides by, in GFLOP/s, and where the figure comes
+// from. The defaults are NVIDIA's dense figures for H100 SXM / H200 (tensor
+// cores for bf16 and fp16; fp32 runs without TF32, on the CUDA cores).
+struct GpuPeak {
+  double gflops = 0.0;
+  std::string source;
+};
+
+GpuPeak gpu_peak(const config::Config& config, const TrainBenchOptions& o) {
+  if (o.peak_flops > 0.0) return {o.peak_flops / 1e9, "--peak-flops"};
+  if (config.precision() == "fp32") return {67e3, "H100/H200 fp32 (67e12; --peak-flops for another GPU)"};
+  return {989e3, fmt::format("H100/H200 dense {} (989e12; --peak-flops for another GPU)", config.precision())};
+}
+
+// The device figures that replace the host engine's (which only mirrors the
+// state for checkpoints on this path).
+void print_device_lines(worker::Trainer& trainer, const World& w, const GpuPeak& peak) {
+  std::cout << fmt::format("device: cuda\n");
+  std::cout << fmt::format("peak_gflops: {:.1f}\n", peak.gflops);
+  std::cout << fmt::format("peak_source: {}\n", peak.source);
+  std::cout << fmt::format("device_mb: {:.1f}\n", mib(trainer.device_bytes()));
+  std::cout << fmt::format("world_size: {}\n", w.env.world_size);
+  std::cout << fmt::format("param_count: {}\n", trainer.layout().total_numel());
+}
+
 std::string reproduce_command(const TrainBenchOptions& o, const World& w) {
   std::string prefix = fmt::format("OMP_NUM_THREADS={} ", omp_get_max_threads());
   if (w.env.starter == cluster::Starter::mpirun) {
@@ -94,11 +121,11 @@ std::string reproduce_command(const TrainBenchOptions& o, const World& w) {
   }
   std::string cmd = fmt::format("{}dtrain-bench train --config {} --steps {}", prefix,
                                 o.config_path, o.steps);
+  if (o.peak_flops > 0.0) cmd += fmt::format(" --peak-flops {:g}", o.peak_flops);
   for (const std::string& s : o.overrides) cmd += " --set " + s;
   return cmd;
 }
 
-double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 // The data-parallel figures (added after the single-process ones).
 void print_parallel_lines(worker::Trainer& trainer, const World& w, const Timing& t,
@@ -155,10 +182,11 @@ void print_throughput(const TrainBenchOptions& o, const config::Config& config,
   const double flops_per_token = model.flops_per_token(trainer.seq_len());
   std::cout << fmt::format(
       "dtrain-bench train: {} ({} model, {:.2f}M matmul params, {:.1f} MFLOP/token, "
-      "micro-batch {} x {} tokens, {} thread(s))\n",
+      "micro-batch {} x {} tokens, {})\n",
       o.config_path, config.model().kind(), static_cast<double>(model.matmul_params()) / 1e6,
       flops_per_token / 1e6, config.train().micro_batch_size(), trainer.seq_len(),
-      omp_get_max_threads());
+      trainer.on_device() ? fmt::format("device cuda, {}", config.precision())
+                          : fmt::format("{} thread(s)", omp_get_max_threads()));
   if (r.ranks > 1) {
     std::cout << fmt::format("{} ranks ({}), backend {}, ZeRO stage {}; tokens count all "
                              "ranks, mfu is per rank\n",
@@ -190,7 +218,9 @@ int run_train_bench(const TrainBenchOptions& options) {
                                    .comm = world.comm});
   // The dataset's sequence length (e.g. patches per image), not the config's.
   const double flops_per_token = trainer.model().flops_per_token(trainer.seq_len());
-  const double peak = nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds);
+  const bool cuda = trainer.on_device();
+  const GpuPeak gpu = cuda ? gpu_peak(config, options) : GpuPeak{};
+  const double peak = cuda ? gpu.gflops : nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds);
 
   Timing t = time_steps(trainer, options);
   take_slowest(t.seconds, world.comm.get());
@@ -201,13 +231,17 @@ int run_train_bench(const TrainBenchOptions& options) {
   const Throughput r = summarise(t.seconds, tokens, ranks, flops_per_token, peak);
 
   print_throughput(options, config, trainer, world, r);
-  std::cout << fmt::format("gemm_peak_gflops: {:.2f}\n", peak);
+  if (!cuda) std::cout << fmt::format("gemm_peak_gflops: {:.2f}\n", peak);
   std::cout << fmt::format("flops_per_token: {:.0f}\n", flops_per_token);
   std::cout << fmt::format("page_faults_per_step: {:.1f}\n",
                            static_cast<double>(t.faults) / options.steps);
   std::cout << fmt::format("peak_rss_mb: {:.1f}\n", peak_rss_mb());
   std::cout << fmt::format("threads: {}\n", omp_get_max_threads());
-  print_parallel_lines(trainer, world, t, r.tokens_per_s / ranks);
+  if (cuda) {
+    print_device_lines(trainer, world, gpu);
+  } else {
+    print_parallel_lines(trainer, world, t, r.tokens_per_s / ranks);
+  }
   std::cout << "command: " << reproduce_command(options, world) << "\n" << std::flush;
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <thread>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -112,6 +113,18 @@ int main(int argc, char** argv) {
     connect.timeout = timeout;
     connect.store = store.store;
     std::shared_ptr<dtrain::comm::Communicator> comm = dtrain::comm::connect(env, connect);
+    // device cuda on several ranks: nccl carries the gradients in GPU memory;
+    // the host-side collectives (initialisation check, loss, stop flags,
+    // checkpoints) need a CPU backend beside it (gloo, or mpi under mpirun).
+    std::shared_ptr<dtrain::comm::Communicator> device_comm;
+    if (config.device() == "cuda" && env.world_size > 1 && std::string_view(comm->backend_name()) == "nccl") {
+      device_comm = std::move(comm);
+      dtrain::comm::ConnectOptions host = connect;
+      host.backend = "auto";
+      host.device = "cpu";
+      host.name = "host";
+      comm = dtrain::comm::connect(env, host);
+    }
     if (heartbeat) heartbeat->set_communicator(comm);
     // /metrics: published for dtrain-launch (DTRAIN_METRICS) and/or served here.
     const bool publish = heartbeat && std::getenv("DTRAIN_METRICS") != nullptr;
@@ -132,6 +145,7 @@ int main(int argc, char** argv) {
                                config.parallel().zero_stage());
     }
     dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
+                                                       .device_comm = device_comm,
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(slow_rank, env.rank)});

@@ -4,19 +4,25 @@
 #include <cmath>
 #include <fstream>
 #include <ostream>
+#include <string_view>
 #include <thread>
 
 #include "core/error.h"
 #include "comm/connect.h"
 #include "comm/memory_store.h"
 #include "data/datasets.h"
+#include "dtrain/config.h"
 #include "nn/adamw.h"
 #include "worker/config.h"
+#include "worker/cuda_step.h"
 #include "worker/heartbeat.h"
 #include "worker/metrics_publisher.h"
 #include "worker/precision.h"
 #include "worker/signals.h"
 #include "worker/trace.h"
+#if DTRAIN_HAVE_CUDA
+#include "comm/nccl/backend.h"
+#endif
 
 namespace dtrain::worker {
 
@@ -64,6 +70,54 @@ std::shared_ptr<comm::Communicator> single_process_communicator() {
       comm::make_gloo_backend(0, 1, store, std::chrono::seconds(60), "127.0.0.1"), options);
 }
 
+bool is_nccl(const std::shared_ptr<comm::Communicator>& comm) {
+  return comm && std::string_view(comm->backend_name()) == "nccl";
+}
+
+// device "cuda": what the config, this build and this machine must allow;
+// ConfigError naming the field otherwise. The config's own rules come first,
+// so they are reported the same way on every machine.
+void check_device(const config::Config& c, const TrainerOptions& o) {
+  const std::string& device = c.device();
+  if (device == "cpu") return;
+  if (device != "cuda") {
+    throw ConfigError("device", fmt::format("'{}' is not a device; use \"cpu\" or \"cuda\"", device));
+  }
+  if (c.parallel().zero_stage() != 0) {
+    throw ConfigError("parallel.zero_stage",
+                      "device cuda supports stage 0 only in this version; use zero_stage 0 or device cpu");
+  }
+  const std::string& backend = c.parallel().backend();
+  if (backend != "auto" && backend != "nccl") {
+    throw ConfigError("parallel.backend", fmt::format("'{}' cannot reduce gradients in GPU memory: device cuda "
+                                                      "uses nccl; use auto or nccl", backend));
+  }
+#if !DTRAIN_HAVE_CUDA
+  (void)o;
+  throw ConfigError("device", "\"cuda\" but this dtrain was built without CUDA; rebuild with nvcc present "
+                              "(-DDTRAIN_WITH_CUDA=ON) or use \"cpu\"");
+#else
+  std::string why;
+  if (comm::nccl_backend::cuda_device_count(&why) == 0) {
+    throw ConfigError("device", fmt::format("\"cuda\" but {}; run where a GPU is visible (the driver, "
+                                            "CUDA_VISIBLE_DEVICES) or use \"cpu\"", why));
+  }
+  const int world = o.comm ? o.comm->world_size() : 1;
+  if (world > 1 && (is_nccl(o.comm) || !is_nccl(o.device_comm))) {
+    throw ConfigError("parallel.backend",
+                      fmt::format("device cuda on {} ranks needs two communicators: nccl for the gradients "
+                                  "and gloo or mpi for the host-side collectives (initialisation check, loss, "
+                                  "checkpoints), but was given {} and {}; run one rank per job, or device cpu",
+                                  world, o.comm->backend_name(),
+                                  o.device_comm ? o.device_comm->backend_name() : "no device communicator"));
+  }
+  if (o.device_comm && o.device_comm->world_size() != world) {
+    throw ConfigError("parallel.backend", fmt::format("the nccl communicator has {} ranks, the job {}",
+                                                      o.device_comm->world_size(), world));
+  }
+#endif
+}
+
 }  // namespace
 
 nn::ModelConfig model_config(const config::Config& c) {
@@ -89,9 +143,12 @@ nn::ModelConfig model_config(const config::Config& c) {
 Trainer::Trainer(const config::Config& config, TrainerOptions options)
     : config_(config), options_(options), model_config_(model_config(config)) {
   const config::Train& t = config_.train();
-  if (config_.device() != "cpu") {
-    throw ConfigError("device", fmt::format("'{}' is not available in this build; use \"cpu\"",
-                                            config_.device()));
+  check_device(config_, options_);
+  const bool cuda = config_.device() == "cuda";
+  std::shared_ptr<comm::Communicator> device_comm = options_.device_comm;
+  if (cuda && is_nccl(options_.comm)) {  // a world of one (check_device): nccl carries the gradients only
+    device_comm = options_.comm;
+    options_.comm = nullptr;
   }
   const data::DatasetPair datasets = data::make_datasets(data_spec(config_));
   const std::int64_t seq = datasets.train->info().seq_len;
@@ -112,8 +169,12 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   eo.reduce = reduce_dtype(config_);
   eo.loss_scaling = loss_scaling(config_);
   engine_ = std::make_unique<sharding::Engine>(layout_, *comm_, eo);
-  model_ = std::make_unique<nn::Transformer>(model_config_, layout_, t.micro_batch_size(), seq);
-  model_->bind(engine_->pointers());
+  batch_ = t.micro_batch_size();
+  seq_ = seq;
+  if (!cuda) {
+    model_ = std::make_unique<nn::Transformer>(model_config_, layout_, t.micro_batch_size(), seq);
+    model_->bind(engine_->pointers());
+  }
   if (!is_rank0()) options_.console = nullptr;
   checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *comm_, options_.checkpoint_env);
   resumed_ = checkpointer_->resume(options_.console);
@@ -121,6 +182,7 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
     step_ = resumed_->step;
     optimizer_steps_ = resumed_->optimizer_step;
   }
+  if (cuda) start_device(device_comm);  // after the resume: the GPU starts from the host engine's state
 
   data::LoaderOptions lo;
   lo.name = "train";
@@ -167,6 +229,27 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   }
 }
 
+// Builds the GPU model and engine from the host engine's state (fresh or
+// resumed). Only reached in CUDA builds (check_device refuses the others).
+void Trainer::start_device(const std::shared_ptr<comm::Communicator>& device_comm) {
+#if DTRAIN_HAVE_CUDA
+  device_comm_ = device_comm;
+  CudaStepOptions o;
+  o.bucket_mb = config_.parallel().bucket_mb();
+  o.reduce = reduce_dtype(config_);
+  o.micro_batch = batch_;
+  o.seq_len = seq_;
+  o.world_size = comm_->world_size();
+  o.device_comm = device_comm_.get();
+  cuda_ = make_cuda_step(model_config_, layout_, *engine_, o);
+#else
+  (void)device_comm;
+  DTRAIN_CHECK(false, "device cuda in a build without CUDA");
+#endif
+}
+
+std::int64_t Trainer::device_bytes() const { return cuda_ ? cuda_->device_bytes() : 0; }
+
 Trainer::~Trainer() {
   if (tracer_) comm_->set_op_observer(nullptr);  // the communicator may outlive the tracer
 }
@@ -180,7 +263,7 @@ void Trainer::record_live(const StepResult& r, double compute_s, double data_wai
   if (options_.live_metrics == nullptr) return;
   const double tokens_per_s = r.seconds > 0.0 ? static_cast<double>(tokens_per_step()) / r.seconds : 0.0;
   options_.live_metrics->record_step({r.step, r.loss, r.lr, r.seconds, compute_s, data_wait_s, tokens_per_s,
-                                      model_config_.flops_per_token(model_->seq_len()) * tokens_per_s});
+                                      model_config_.flops_per_token(seq_) * tokens_per_s});
   const SaveTimes& save = checkpointer_->last_save();
   if (save.step >= 0 && save.step != live_save_step_) {
     live_save_step_ = save.step;
@@ -189,17 +272,36 @@ void Trainer::record_live(const StepResult& r, double compute_s, double data_wai
 }
 
 std::int64_t Trainer::tokens_per_step() const {
-  return static_cast<std::int64_t>(config_.train().grad_accum_steps()) * model_->batch() *
-         model_->seq_len() * comm_->world_size();
+  return static_cast<std::int64_t>(config_.train().grad_accum_steps()) * batch_ * seq_ *
+         comm_->world_size();
 }
 
 StepResult Trainer::step() {
   const auto t0 = Clock::now();
+  if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::forward, step_);
+  if (tracer_) tracer_->begin_step(step_ + 1);
+  const LocalStep local = cuda_ ? device_step(t0) : host_step(t0);
+  // The loss of the whole global batch (the mean over ranks), and whether any
+  // rank was asked to stop: every rank sees the same answer at this boundary.
+  // The same all-reduce tells whether every rank's part of a background
+  // checkpoint is done (the mean of 0/1 flags is 1 exactly when all are 1).
+  const int signal = stop_signal();
+  float shared[4] = {local.loss, signal != 0 ? 1.0f : 0.0f,
+                     static_cast<float>(signal), checkpointer_->ready() ? 1.0f : 0.0f};
+  if (comm_->world_size() > 1) comm_->allreduce(shared, 4, DType::f32, comm::ReduceOp::avg).wait();
+  ++step_;
+  if (checkpointer_->in_flight() && shared[3] == 1.0f) checkpointer_->advance();
+  StepResult result{step_, shared[0], local.lr, static_cast<float>(local.norm), seconds_since(t0)};
+  if (shared[1] > 0.0f) result.stop_signal = signal != 0 ? signal : static_cast<int>(shared[2] / shared[1] + 0.5f);
+  if (tracer_) tracer_->end_step();
+  record_live(result, local.compute_s, local.data_wait_s);
+  return result;
+}
+
+Trainer::LocalStep Trainer::host_step(Clock::time_point t0) {
   const config::Train& t = config_.train();
   const int accum = t.grad_accum_steps();
   const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
-  if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::forward, step_);
-  if (tracer_) tracer_->begin_step(step_ + 1);
   engine_->begin_step();
   float loss_sum = 0.0f;
   double data_wait = 0.0;
@@ -238,29 +340,61 @@ StepResult Trainer::step() {
   checkpointer_->before_update();  // an async save may still be copying the state
   if (engine_->step(hyper, optimizer_steps_ + 1, clip)) ++optimizer_steps_;  // a skipped fp16 step does not count
   if (tracer_) tracer_->span("optimizer", optimizer_start, Clock::now());
-  // The loss of the whole global batch (the mean over ranks), and whether any
-  // rank was asked to stop: every rank sees the same answer at this boundary.
-  // The same all-reduce tells whether every rank's part of a background
-  // checkpoint is done (the mean of 0/1 flags is 1 exactly when all are 1).
-  const int signal = stop_signal();
-  float shared[4] = {loss_sum / static_cast<float>(accum), signal != 0 ? 1.0f : 0.0f,
-                     static_cast<float>(signal), checkpointer_->ready() ? 1.0f : 0.0f};
-  if (comm_->world_size() > 1) comm_->allreduce(shared, 4, DType::f32, comm::ReduceOp::avg).wait();
-  ++step_;
-  if (checkpointer_->in_flight() && shared[3] == 1.0f) checkpointer_->advance();
-  StepResult result{step_, shared[0], lr, static_cast<float>(norm), seconds_since(t0)};
-  if (shared[1] > 0.0f) result.stop_signal = signal != 0 ? signal : static_cast<int>(shared[2] / shared[1] + 0.5f);
-  if (tracer_) tracer_->end_step();
-  record_live(result, compute_s, data_wait);
-  return result;
+  return LocalStep{loss_sum / static_cast<float>(accum), lr, norm, compute_s, data_wait};
+}
+
+// The GPU step: the micro-batches only queue work, so the host runs ahead
+// until finish_step() reads the loss and the norm (its one synchronisation).
+// compute_s is therefore the whole step less the data waits.
+Trainer::LocalStep Trainer::device_step(Clock::time_point t0) {
+  const config::Train& t = config_.train();
+  const int accum = t.grad_accum_steps();
+  const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
+  cuda_->begin_step();
+  double data_wait = 0.0;
+  for (int micro = 0; micro < accum; ++micro) {
+    const auto wait_start = Clock::now();
+    const data::Batch& batch = train_loader_->next(timeout);
+    const auto wait_end = Clock::now();
+    data_wait += std::chrono::duration<double>(wait_end - wait_start).count();
+    if (tracer_) {
+      tracer_->span("data wait", wait_start, wait_end);
+      tracer_->set_micro(micro);
+    }
+    if (options_.testonly_slow_ms > 0 && micro == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.testonly_slow_ms));
+    }
+    const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(), batch.targets.data()};
+    cuda_->micro_batch(inputs, nn::StepKey{t.seed(), step_, micro, comm_->rank() * t.micro_batch_size()},
+                       micro == accum - 1, cuda_->loss_scale() / static_cast<float>(accum));
+  }
+  if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::optimizer, step_);
+  const auto sync_start = Clock::now();
+  const config::Optimizer& o = config_.optimizer();
+  const float lr = schedule_.at(step_);
+  const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
+  const CudaStepResult r = cuda_->finish_step(hyper, optimizer_steps_ + 1, o.grad_clip());
+  if (r.applied) ++optimizer_steps_;  // a skipped fp16 step does not count
+  if (tracer_) tracer_->span("grad sync and optimizer", sync_start, Clock::now());
+  return LocalStep{r.loss, lr, r.grad_norm, seconds_since(t0) - data_wait, data_wait};
 }
 
 void Trainer::save_checkpoint() {
   if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::checkpoint, step_);
+  if (cuda_) {  // the host engine is what checkpoints read; an async save may still be copying it
+    checkpointer_->before_update();
+    cuda_->download_state(*engine_);
+  }
   checkpointer_->save(step_, train_loader_->position(), optimizer_steps_);
 }
 
-void Trainer::start_checkpoint() { checkpointer_->start_save(step_, train_loader_->position(), optimizer_steps_); }
+void Trainer::start_checkpoint() {
+  if (cuda_) {
+    checkpointer_->before_update();
+    cuda_->download_state(*engine_);
+  }
+  checkpointer_->start_save(step_, train_loader_->position(), optimizer_steps_);
+}
 
 void Trainer::finish_checkpoint() { checkpointer_->finish_save(); }
 
@@ -271,14 +405,25 @@ EvalResult Trainer::evaluate() {
   double loss_sum = 0.0;
   std::int64_t correct = 0, count = 0;
   const int batches = config_.train().eval_batches();
+  if (cuda_) cuda_->begin_eval();
   for (int i = 0; i < batches; ++i) {
     const data::Batch& batch = val_loader_->next(timeout);
     const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(),
                                  batch.targets.data()};
+    if (cuda_) {
+      cuda_->eval_batch(inputs);
+      continue;
+    }
     const nn::ForwardResult r = model_->forward(inputs, *engine_, false, nn::StepKey{});
     loss_sum += r.loss;
     correct += r.correct;
     count += r.count;
+  }
+  if (cuda_) {  // the mean over every scored row; the batches are of equal size
+    const nn::ForwardResult r = cuda_->end_eval();
+    loss_sum = static_cast<double>(r.loss) * batches;
+    correct = r.correct;
+    count = r.count;
   }
   if (comm_->world_size() > 1) {  // every rank evaluated its slice of each batch
     float totals[3] = {static_cast<float>(loss_sum), static_cast<float>(correct), static_cast<float>(count)};

@@ -25,6 +25,7 @@
 namespace dtrain::worker {
 
 struct StepResult;
+class CudaStep;
 class Heartbeat;
 class LiveMetrics;
 class Tracer;
@@ -33,8 +34,14 @@ struct TrainerOptions {
   bool write_outputs = true;    // out_dir/config.json and metrics.jsonl (rank 0 only)
   std::ostream* console = nullptr;  // progress lines (rank 0 only); null = silent
   // The ranks this trainer trains with; null: a single process (the trainer
-  // makes a world of one). Must outlive the Trainer.
+  // makes a world of one). Must outlive the Trainer. With device cuda it
+  // carries only host-side collectives (initialisation check, loss,
+  // checkpoints) and must be a CPU backend, except that a world of one may
+  // pass its nccl communicator here (it then carries the gradients).
   std::shared_ptr<comm::Communicator> comm;
+  // device cuda: the nccl communicator the gradients travel on, over the same
+  // ranks as `comm` (required for more than one rank). Must outlive the Trainer.
+  std::shared_ptr<comm::Communicator> device_comm = nullptr;
   // Where checkpoint files go (null: the file system); tests inject faults here.
   checkpoint::Env* checkpoint_env = nullptr;
   // Called by run() on every rank after each step, before any checkpoint of it.
@@ -79,6 +86,8 @@ struct TrainSummary {
 nn::ModelConfig model_config(const config::Config& config);
 
 class Trainer {
+  using Clock = std::chrono::steady_clock;
+
  public:
   Trainer(const config::Config& config, TrainerOptions options);
   ~Trainer();
@@ -94,11 +103,17 @@ class Trainer {
 
   const nn::ModelConfig& model() const { return model_config_; }
   const nn::ParameterLayout& layout() const { return layout_; }
+  // With device cuda the host engine is the state's copy for checkpoints: it
+  // holds the training state as of the last save or resume, not the current one.
   sharding::Engine& engine() { return *engine_; }
+  // Whether steps run on the GPU (device cuda).
+  bool on_device() const { return cuda_ != nullptr; }
+  // device cuda: device memory held by the GPU model and engine (0 on the CPU path).
+  std::int64_t device_bytes() const;
   comm::Communicator& communicator() { return *comm_; }
   // Tokens of one optimizer step over all ranks.
   std::int64_t tokens_per_step() const;
-  std::int64_t seq_len() const { return model_->seq_len(); }
+  std::int64_t seq_len() const { return seq_; }
   std::int64_t steps_done() const { return step_; }
   // Optimizer updates applied: steps_done() minus fp16 steps skipped on overflow.
   std::int64_t optimizer_steps() const { return optimizer_steps_; }
@@ -125,6 +140,18 @@ class Trainer {
   nn::BlockHooks& hooks();
   // Figures of a step for /metrics and the trace's checkpoint span.
   void record_live(const StepResult& r, double compute_s, double data_wait_s);
+  // One step's compute: micro-batches, gradient sync, clipping and AdamW, on
+  // the CPU (model_ and engine_) or on the GPU (cuda_).
+  struct LocalStep {
+    float loss = 0.0f;  // mean over the micro-batches, this rank
+    float lr = 0.0f;
+    double norm = 0.0;
+    double compute_s = 0.0;
+    double data_wait_s = 0.0;
+  };
+  LocalStep host_step(Clock::time_point t0);
+  LocalStep device_step(Clock::time_point t0);
+  void start_device(const std::shared_ptr<comm::Communicator>& device_comm);
 
   config::Config config_;
   TrainerOptions options_;
@@ -134,7 +161,10 @@ class Trainer {
   std::unique_ptr<sharding::Engine> engine_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::optional<ResumePoint> resumed_;
-  std::unique_ptr<nn::Transformer> model_;
+  std::unique_ptr<nn::Transformer> model_;  // the CPU model (device cpu)
+  std::shared_ptr<comm::Communicator> device_comm_;  // device cuda: the gradients' nccl communicator
+  std::unique_ptr<CudaStep> cuda_;          // the GPU model and engine (device cuda); before engine_ dies
+  std::int64_t batch_ = 0, seq_ = 0;        // micro-batch rows, sequence length
   std::unique_ptr<data::Loader> train_loader_;
   std::unique_ptr<data::Loader> val_loader_;
   std::unique_ptr<MetricsWriter> metrics_;

@@ -80,6 +80,9 @@ class NcclBackend : public Backend {
 
   void run(const Op& op) override {
     DTRAIN_CUDA_CHECK(cudaSetDevice(device_));
+    if (op.ready_event != nullptr) {  // ordered after the producer's kernels on the GPU, not on the host
+      DTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(op.ready_event)), 0));
+    }
     const ncclDataType_t type = nccl_type(op.dtype);
     switch (op.kind) {
       case OpKind::allreduce:
