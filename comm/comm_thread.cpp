@@ -162,7 +162,13 @@ void CommThread::run_loop(std::shared_ptr<Shared> s) {
     {
       std::unique_lock<std::mutex> lock(s->mu);
       s->cv.wait(lock, [&] { return !s->queue.empty() || s->stopping; });
-      if (s->queue.empty()) return;
+      if (s->queue.empty()) {
+        // The watchdog may have gone back to sleep while operations were still
+        // queued (failing them here notifies nobody): wake it to see the end.
+        lock.unlock();
+        s->cv.notify_all();
+        return;
+      }
       work = std::move(s->queue.front());
       s->queue.pop_front();
       broken = !s->broken.empty();
