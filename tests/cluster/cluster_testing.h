@@ -99,15 +99,16 @@ inline void run_by_hand(const TempDir& dir, const std::string& config, int world
   for (auto& p : procs) ASSERT_EQ(p.exit_code(), 0) << p.log();
 }
 
-// One cluster for every test of a binary; a test skips (no Slurm, not root)
-// or fails (daemons did not come up) with the reason.
+// One cluster for every test of a binary; a test fails with the reason when
+// Slurm is missing, the tests do not run as root (scripts/setup.sh and CI
+// provide both) or the daemons did not come up.
 class SlurmTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { cluster_ = std::make_unique<SlurmCluster>(2); }
   static void TearDownTestSuite() { cluster_.reset(); }
 
   void SetUp() override {
-    if (!cluster_->skip_reason().empty()) GTEST_SKIP() << cluster_->skip_reason();
+    ASSERT_TRUE(cluster_->missing().empty()) << cluster_->missing();
     ASSERT_TRUE(cluster_->up()) << cluster_->failure();
   }
 

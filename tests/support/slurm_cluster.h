@@ -7,7 +7,7 @@
 // The constructor sets SLURM_CONF in this process's environment, so that
 // every Slurm command the test runs (run(), or any child) uses this cluster.
 // Needs root and the slurm-wlm and munge packages; without them the cluster
-// is unavailable and skip_reason() says why. When a daemon does not come up,
+// is unavailable and missing() says what is missing. When a daemon does not come up,
 // failure() holds the reason and the tails of the daemons' logs, and the
 // directory is kept for a closer look.
 #pragma once
@@ -35,8 +35,8 @@ namespace dtrain::testing {
 class SlurmCluster {
  public:
   explicit SlurmCluster(int nodes = 2) : nodes_(nodes) {
-    skip_ = missing_prerequisite();
-    if (!skip_.empty()) return;
+    missing_ = missing_prerequisite();
+    if (!missing_.empty()) return;
     make_dir();
     // Every client command this process starts talks to this cluster, never
     // to an enclosing job's.
@@ -61,8 +61,8 @@ class SlurmCluster {
   SlurmCluster(const SlurmCluster&) = delete;
   SlurmCluster& operator=(const SlurmCluster&) = delete;
 
-  bool up() const { return skip_.empty() && failure_.empty(); }
-  const std::string& skip_reason() const { return skip_; }
+  bool up() const { return missing_.empty() && failure_.empty(); }
+  const std::string& missing() const { return missing_; }
   const std::string& failure() const { return failure_; }
   const std::filesystem::path& dir() const { return dir_; }
   int nodes() const { return nodes_; }
@@ -245,7 +245,7 @@ class SlurmCluster {
 
   int nodes_;
   std::filesystem::path dir_;
-  std::string skip_;
+  std::string missing_;
   std::string failure_;
   bool stopped_ = false;
   int lock_fd_ = -1;
