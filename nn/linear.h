@@ -5,8 +5,19 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "nn/cpu/matmul.h"
 
 namespace dtrain::nn {
+
+// The layer's three products as Gemm descriptions, for any element types
+// (the caller sets a_type/b_type/c_type for 16-bit operands); the CPU runs
+// them through cpu::gemm, the GPU through cuda::gemm.
+// y[n, out] (+)= x[n, in] W^T[in, out]
+cpu::Gemm linear_forward_gemm(std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate);
+// dx[n, in] (+)= dy[n, out] W[out, in]
+cpu::Gemm linear_input_grad_gemm(std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate);
+// dW[out, in] += dy^T[out, n] x[n, in] (always accumulates)
+cpu::Gemm linear_weight_grad_gemm(std::int64_t n, std::int64_t in, std::int64_t out);
 
 // x: [n, in], weight: [out, in], bias: [out] or null, y: [n, out].
 // accumulate: y += x W^T + b instead of y = ... (used to add a residual in place).

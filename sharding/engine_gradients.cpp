@@ -75,7 +75,7 @@ void Engine::Impl::reduce_scatter_block(int b) {
 }
 
 void Engine::Impl::reduce_bucket_ending_at(int b) {
-  const Bucket& bucket = buckets_[as_size(bucket_of_[as_size(b)])];
+  const Bucket& bucket = buckets_.buckets[as_size(buckets_.bucket_of[as_size(b)])];
   if (bucket.lo != b) return;  // more blocks of this bucket still to come
   const DType type = options_.reduce;
   if (options_.stage == 0) {

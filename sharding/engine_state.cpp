@@ -60,20 +60,9 @@ Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, 
     if (tied_) gather_block0_ = AlignedBuffer<float>(as_size(padded_size(numel_[0], world_)));
   }
   allocate_mixed_precision();
-  // Buckets of consecutive blocks in backward order, up to bucket_mb each.
-  bucket_of_.assign(as_size(blocks_), 0);
-  const double limit = options.bucket_mb * 1024.0 * 1024.0;
-  double bytes = 0.0;
-  for (int b = blocks_ - 1; b >= 0; --b) {
-    const double block_bytes = 4.0 * static_cast<double>(padded_size(numel_[as_size(b)], world_));
-    if (buckets_.empty() || (bytes > 0.0 && bytes + block_bytes > limit)) {
-      buckets_.push_back(Bucket{b, b});
-      bytes = 0.0;
-    }
-    buckets_.back().lo = b;
-    bytes += block_bytes;
-    bucket_of_[as_size(b)] = static_cast<int>(buckets_.size()) - 1;
-  }
+  std::vector<std::int64_t> padded;
+  for (const std::int64_t n : numel_) padded.push_back(padded_size(n, world_));
+  buckets_ = plan_buckets(padded, options.bucket_mb);
 }
 
 void Engine::Impl::allocate_mixed_precision() {

@@ -72,10 +72,6 @@ struct Engine::Impl {
     float* dst = nullptr;
     std::int64_t n = 0;
   };
-  struct Bucket {
-    int lo = 0;           // lowest block: its after_backward ends the bucket
-    int hi = 0;
-  };
 
   float* full_params(int b) { return params_.data() + full_offset_[b]; }
   float* full_params_ptr(int b, std::int64_t at) { return params_.data() + full_offset_[b] + at; }
@@ -118,8 +114,7 @@ struct Engine::Impl {
   AlignedBuffer<std::uint16_t> staging_;                      // stages 0-1, 16-bit reduction
   AlignedBuffer<std::uint16_t> staging_slot_[2], staging_block0_;  // stages 2-3, 16-bit reduction
 
-  std::vector<Bucket> buckets_;           // stage 0-1, in backward order
-  std::vector<int> bucket_of_;            // block -> bucket index
+  BucketPlan buckets_;                    // stage 0-1
   std::vector<Pending> pending_;          // this step's gradient collectives
   std::vector<comm::Work> finished_;      // drained ones, for timing
 };

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace dtrain::sharding {
 
@@ -45,6 +46,41 @@ constexpr Range intersect(Range a, Range b) {
   const std::int64_t lo = std::max(a.offset, b.offset);
   const std::int64_t hi = std::min(a.end(), b.end());
   return Range{lo, std::max<std::int64_t>(0, hi - lo)};
+}
+
+// A bucket of consecutive blocks [lo, hi]; its collective starts when block
+// lo's backward ends (backward runs hi first).
+struct Bucket {
+  int lo = 0;
+  int hi = 0;
+};
+
+struct BucketPlan {
+  std::vector<Bucket> buckets;  // in backward order (the head's first)
+  std::vector<int> bucket_of;   // block -> index into buckets
+};
+
+// The gradient buckets of stages 0-1 on either device, from each block's
+// padded element count and parallel.bucket_mb: blocks are taken from the
+// last to the first, and a bucket closes before a block that would take it
+// past the limit (a block larger than the limit gets a bucket of its own).
+inline BucketPlan plan_buckets(const std::vector<std::int64_t>& padded_numel, double bucket_mb) {
+  BucketPlan plan;
+  const int blocks = static_cast<int>(padded_numel.size());
+  plan.bucket_of.assign(padded_numel.size(), 0);
+  const double limit = bucket_mb * 1024.0 * 1024.0;
+  double bytes = 0.0;
+  for (int b = blocks - 1; b >= 0; --b) {
+    const double block_bytes = 4.0 * static_cast<double>(padded_numel[static_cast<std::size_t>(b)]);
+    if (plan.buckets.empty() || (bytes > 0.0 && bytes + block_bytes > limit)) {
+      plan.buckets.push_back(Bucket{b, b});
+      bytes = 0.0;
+    }
+    plan.buckets.back().lo = b;
+    bytes += block_bytes;
+    plan.bucket_of[static_cast<std::size_t>(b)] = static_cast<int>(plan.buckets.size()) - 1;
+  }
+  return plan;
 }
 
 }  // namespace dtrain::sharding

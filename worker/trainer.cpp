@@ -298,27 +298,32 @@ StepResult Trainer::step() {
   return result;
 }
 
+// The next training micro-batch; adds the time spent waiting for it to
+// data_wait. Shared by the CPU and GPU steps. The batch stays valid until
+// the next call.
+nn::ModelInputs Trainer::next_micro_batch(int micro, double& data_wait) {
+  const auto wait_start = Clock::now();
+  const data::Batch& batch = train_loader_->next(std::chrono::seconds(config_.parallel().timeout_s()));
+  const auto wait_end = Clock::now();
+  data_wait += std::chrono::duration<double>(wait_end - wait_start).count();
+  if (tracer_) {
+    tracer_->span("data wait", wait_start, wait_end);
+    tracer_->set_micro(micro);
+  }
+  if (options_.testonly_slow_ms > 0 && micro == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.testonly_slow_ms));
+  }
+  return nn::ModelInputs{batch.tokens.data(), batch.patches.data(), batch.targets.data()};
+}
+
 Trainer::LocalStep Trainer::host_step(Clock::time_point t0) {
   const config::Train& t = config_.train();
   const int accum = t.grad_accum_steps();
-  const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
   engine_->begin_step();
   float loss_sum = 0.0f;
   double data_wait = 0.0;
   for (int micro = 0; micro < accum; ++micro) {
-    const auto wait_start = Clock::now();
-    const data::Batch& batch = train_loader_->next(timeout);
-    const auto wait_end = Clock::now();
-    data_wait += std::chrono::duration<double>(wait_end - wait_start).count();
-    if (tracer_) {
-      tracer_->span("data wait", wait_start, wait_end);
-      tracer_->set_micro(micro);
-    }
-    if (options_.testonly_slow_ms > 0 && micro == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.testonly_slow_ms));
-    }
-    const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(),
-                                 batch.targets.data()};
+    const nn::ModelInputs inputs = next_micro_batch(micro, data_wait);
     engine_->set_sync(micro == accum - 1);  // accumulate locally, communicate once
     const nn::ForwardResult fwd =
         model_->forward(inputs, hooks(), true, nn::StepKey{t.seed(), step_, micro, comm_->rank() * t.micro_batch_size()});
@@ -349,22 +354,10 @@ Trainer::LocalStep Trainer::host_step(Clock::time_point t0) {
 Trainer::LocalStep Trainer::device_step(Clock::time_point t0) {
   const config::Train& t = config_.train();
   const int accum = t.grad_accum_steps();
-  const auto timeout = std::chrono::seconds(config_.parallel().timeout_s());
   cuda_->begin_step();
   double data_wait = 0.0;
   for (int micro = 0; micro < accum; ++micro) {
-    const auto wait_start = Clock::now();
-    const data::Batch& batch = train_loader_->next(timeout);
-    const auto wait_end = Clock::now();
-    data_wait += std::chrono::duration<double>(wait_end - wait_start).count();
-    if (tracer_) {
-      tracer_->span("data wait", wait_start, wait_end);
-      tracer_->set_micro(micro);
-    }
-    if (options_.testonly_slow_ms > 0 && micro == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.testonly_slow_ms));
-    }
-    const nn::ModelInputs inputs{batch.tokens.data(), batch.patches.data(), batch.targets.data()};
+    const nn::ModelInputs inputs = next_micro_batch(micro, data_wait);
     cuda_->micro_batch(inputs, nn::StepKey{t.seed(), step_, micro, comm_->rank() * t.micro_batch_size()},
                        micro == accum - 1, cuda_->loss_scale() / static_cast<float>(accum));
   }

@@ -149,6 +149,7 @@ class Trainer {
     double compute_s = 0.0;
     double data_wait_s = 0.0;
   };
+  nn::ModelInputs next_micro_batch(int micro, double& data_wait);
   LocalStep host_step(Clock::time_point t0);
   LocalStep device_step(Clock::time_point t0);
   void start_device(const std::shared_ptr<comm::Communicator>& device_comm);

@@ -1,5 +1,6 @@
 #include "nn/cuda/check.h"
 #include "nn/cuda/linear.h"
+#include "nn/linear.h"
 
 namespace dtrain::nn::cuda {
 namespace {
@@ -37,35 +38,14 @@ void add_column_sums(const float* m, float* sums, std::int64_t rows, std::int64_
 void linear_forward(Blas& blas, const float* x, const float* weight, const float* bias, float* y,
                     std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate,
                     cudaStream_t stream) {
-  Gemm g;
-  g.m = n;
-  g.n = out;
-  g.k = in;
-  g.trans_b = true;
-  g.accumulate = accumulate;
-  gemm(blas, g, x, weight, y, bias, stream);
+  gemm(blas, linear_forward_gemm(n, in, out, accumulate), x, weight, y, bias, stream);
 }
 
 void linear_backward(Blas& blas, const float* dy, const float* x, const float* weight, float* dx,
                      float* dweight, float* dbias, std::int64_t n, std::int64_t in,
                      std::int64_t out, bool accumulate_dx, cudaStream_t stream) {
-  if (dx != nullptr) {  // dx[n, in] = dy[n, out] W[out, in]
-    Gemm g;
-    g.m = n;
-    g.n = in;
-    g.k = out;
-    g.accumulate = accumulate_dx;
-    gemm(blas, g, dy, weight, dx, nullptr, stream);
-  }
-  {  // dW[out, in] += dy^T[out, n] x[n, in]
-    Gemm g;
-    g.m = out;
-    g.n = in;
-    g.k = n;
-    g.trans_a = true;
-    g.accumulate = true;
-    gemm(blas, g, dy, x, dweight, nullptr, stream);
-  }
+  if (dx != nullptr) gemm(blas, linear_input_grad_gemm(n, in, out, accumulate_dx), dy, weight, dx, nullptr, stream);
+  gemm(blas, linear_weight_grad_gemm(n, in, out), dy, x, dweight, nullptr, stream);
   if (dbias != nullptr) add_column_sums(dy, dbias, n, out, stream);
 }
 

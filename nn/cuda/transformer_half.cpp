@@ -15,6 +15,7 @@
 #include "nn/cuda/residual.h"
 #include "nn/cuda/transformer.h"
 #include "nn/cuda/transformer_activations.h"
+#include "nn/linear.h"
 
 namespace dtrain::nn::cuda {
 namespace {
@@ -24,12 +25,7 @@ namespace {
 void linear_forward_half(Blas& blas, DType h, const std::uint16_t* x, const std::uint16_t* weight,
                          const float* bias, void* y, DType y_type, std::int64_t n, std::int64_t in,
                          std::int64_t out, bool accumulate, cudaStream_t stream) {
-  Gemm g;
-  g.m = n;
-  g.n = out;
-  g.k = in;
-  g.trans_b = true;
-  g.accumulate = accumulate;
+  Gemm g = linear_forward_gemm(n, in, out, accumulate);
   g.a_type = g.b_type = h;
   g.c_type = y_type;
   gemm(blas, g, x, weight, y, bias, stream);
@@ -43,20 +39,12 @@ void linear_backward_half(Blas& blas, DType h, const std::uint16_t* dy, const fl
                           DType dx_type, float* dweight, float* dbias, std::int64_t n,
                           std::int64_t in, std::int64_t out, float* widened, cudaStream_t stream) {
   if (dx != nullptr) {  // dx[n, in] = dy[n, out] W[out, in]
-    Gemm g;
-    g.m = n;
-    g.n = in;
-    g.k = out;
+    Gemm g = linear_input_grad_gemm(n, in, out, false);
     g.a_type = g.b_type = h;
     g.c_type = dx_type;
     gemm(blas, g, dy, weight, dx, nullptr, stream);
   }
-  Gemm w;  // dW[out, in] += dy^T[out, n] x[n, in], f32
-  w.m = out;
-  w.n = in;
-  w.k = n;
-  w.trans_a = true;
-  w.accumulate = true;
+  Gemm w = linear_weight_grad_gemm(n, in, out);  // into f32
   w.a_type = w.b_type = h;
   gemm(blas, w, dy, x, dweight, nullptr, stream);
   if (dbias == nullptr) return;

@@ -168,7 +168,7 @@ TEST(CudaDeviceLayout, BucketsFollowTheHostEngine) {
   const double mb = 1024.0 * 1024.0;
   // 4 bytes per element: blocks of 0.25, 0.5, 1.5, 0.25, 0.5 MiB, limit 1 MiB.
   const std::vector<std::int64_t> padded{65536, 131072, 393216, 65536, 131072};
-  const auto plan = sharding::cuda::plan_buckets(padded, 1.0);
+  const auto plan = sharding::plan_buckets(padded, 1.0);
   ASSERT_EQ(plan.buckets.size(), 3u);
   EXPECT_EQ(plan.buckets[0].hi, 4);  // 0.5 + 0.25 = 0.75; + 1.5 would pass
   EXPECT_EQ(plan.buckets[0].lo, 3);
@@ -177,8 +177,8 @@ TEST(CudaDeviceLayout, BucketsFollowTheHostEngine) {
   EXPECT_EQ(plan.buckets[2].hi, 1);  // 0.5 + 0.25
   EXPECT_EQ(plan.buckets[2].lo, 0);
   EXPECT_EQ(plan.bucket_of, (std::vector<int>{2, 2, 1, 0, 0}));
-  EXPECT_EQ(sharding::cuda::plan_buckets(padded, 100.0).buckets.size(), 1u);
-  EXPECT_EQ(sharding::cuda::plan_buckets(padded, 1.0 / mb).buckets.size(), padded.size());
+  EXPECT_EQ(sharding::plan_buckets(padded, 100.0).buckets.size(), 1u);
+  EXPECT_EQ(sharding::plan_buckets(padded, 1.0 / mb).buckets.size(), padded.size());
 }
 
 // ---- on a GPU ----
