@@ -129,6 +129,19 @@ std::optional<Manifest> load_latest(Env& env, const std::filesystem::path& root,
 void read_range(Env& env, const std::filesystem::path& dir, const Manifest& manifest,
                 const Range& wanted, float* out);
 
+// One range to fill and where its elements go.
+struct RangeTarget {
+  Range range;
+  float* out = nullptr;
+};
+
+// read_range for many ranges, in order, as a load wants them: the checksums
+// of the records read whole are computed on a second thread while the next
+// bytes are read, so checking costs the load little beyond the reads. Throws
+// the first problem in read order (a mismatch, a gap, a short file).
+void read_ranges(Env& env, const std::filesystem::path& dir, const Manifest& manifest,
+                 const std::vector<RangeTarget>& wanted);
+
 // Keeps the newest keep_last (>= 1) committed steps and the one `latest`
 // names; deletes older steps and pending or uncommitted dirs older than the
 // newest committed step. A step is uncommitted (manifest removed) before its

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -147,10 +151,81 @@ std::vector<const RangeRecord*> overlapping(const Manifest& manifest, const Rang
   return found;
 }
 
-}  // namespace
+// Checksums pieces of records on its own thread, in the order they are
+// added, comparing each record's crc when its last piece is in. The reader
+// keeps reading meanwhile; the pieces stay where the reader put them.
+class BackgroundChecker {
+ public:
+  explicit BackgroundChecker(const fs::path& dir) : dir_(dir), thread_([this] { run(); }) {}
+  BackgroundChecker(const BackgroundChecker&) = delete;
+  BackgroundChecker& operator=(const BackgroundChecker&) = delete;
+  ~BackgroundChecker() { finish(); }
 
-void read_range(Env& env, const fs::path& dir, const Manifest& manifest, const Range& wanted,
-                float* out) {
+  void add(const RangeRecord* record, const void* data, std::size_t n, bool last) {
+    {
+      std::lock_guard lock(mutex_);
+      pieces_.push_back({record, data, n, last});
+    }
+    wake_.notify_one();
+  }
+
+  // Waits until every piece added is checked; the first mismatch, or "".
+  std::string finish() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    return problem_;
+  }
+
+ private:
+  struct Piece {
+    const RangeRecord* record;
+    const void* data;
+    std::size_t n;
+    bool last;
+  };
+
+  void run() {
+    std::uint32_t crc = 0;
+    for (;;) {
+      Piece piece{};
+      {
+        std::unique_lock lock(mutex_);
+        // No timeout needed: the reader either adds pieces or closes, and
+        // finish() (also run by the destructor) always closes.
+        wake_.wait(lock, [&] { return closed_ || !pieces_.empty(); });
+        if (pieces_.empty()) return;
+        piece = pieces_.front();
+        pieces_.pop_front();
+      }
+      if (!problem_.empty()) continue;  // only the first mismatch is reported
+      crc = crc32c(piece.data, piece.n, crc);
+      if (!piece.last) continue;
+      if (crc != piece.record->crc32c()) {
+        problem_ = fmt::format("checkpoint '{}': {}: crc32c expected {} found {}", dir_.string(),
+                               describe(*piece.record), hex32(piece.record->crc32c()), hex32(crc));
+      }
+      crc = 0;
+    }
+  }
+
+  fs::path dir_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Piece> pieces_;
+  bool closed_ = false;
+  std::string problem_;  // written by the thread only, read after the join
+  std::thread thread_;   // last: starts after everything it uses exists
+};
+
+// Fills `out` from the records overlapping `wanted`. A record wanted whole
+// is read straight into `out` and, with a checker, checksummed behind the
+// reads in pieces; a partly wanted one is streamed and checked here.
+void fill_range(Env& env, const fs::path& dir, const Manifest& manifest, const Range& wanted, float* out,
+                BackgroundChecker* checker) {
   if (wanted.begin < 0 || wanted.count < 0) {
     throw Error(fmt::format("read_range: tensor {} block {}: bad range [{}, +{})", wanted.tensor,
                             wanted.block, wanted.begin, wanted.count));
@@ -173,14 +248,49 @@ void read_range(Env& env, const fs::path& dir, const Manifest& manifest, const R
                                 dir.string(), wanted.tensor, wanted.block, next, gap_end));
     }
     const std::int64_t stop = std::min(end, best->begin() + best->count());
-    const std::uint32_t found =
-        read_record(env, dir, *best, next - best->begin(), stop - next, out + (next - wanted.begin));
-    if (found != best->crc32c()) {
-      throw IoError(fmt::format("checkpoint '{}': {}: crc32c expected {} found {}", dir.string(),
-                                describe(*best), hex32(best->crc32c()), hex32(found)));
+    float* dest = out + (next - wanted.begin);
+    if (checker != nullptr && next == best->begin() && stop == best->begin() + best->count()) {
+      const fs::path path = dir / best->file();
+      const std::uint64_t bytes = static_cast<std::uint64_t>(best->count()) * sizeof(float);
+      auto* p = reinterpret_cast<unsigned char*>(dest);
+      if (bytes == 0) checker->add(best, p, 0, true);
+      for (std::uint64_t done = 0; done < bytes;) {
+        const std::uint64_t n = std::min<std::uint64_t>(kChunkBytes, bytes - done);
+        env.read(path, best->offset() + done, n, p + done);
+        done += n;
+        checker->add(best, p + done - n, n, done == bytes);
+      }
+    } else {
+      const std::uint32_t found = read_record(env, dir, *best, next - best->begin(), stop - next, dest);
+      if (found != best->crc32c()) {
+        throw IoError(fmt::format("checkpoint '{}': {}: crc32c expected {} found {}", dir.string(),
+                                  describe(*best), hex32(best->crc32c()), hex32(found)));
+      }
     }
     next = stop;
   }
+}
+
+}  // namespace
+
+void read_range(Env& env, const fs::path& dir, const Manifest& manifest, const Range& wanted,
+                float* out) {
+  fill_range(env, dir, manifest, wanted, out, nullptr);
+}
+
+void read_ranges(Env& env, const fs::path& dir, const Manifest& manifest,
+                 const std::vector<RangeTarget>& wanted) {
+  BackgroundChecker checker(dir);
+  try {
+    for (const RangeTarget& t : wanted) fill_range(env, dir, manifest, t.range, t.out, &checker);
+  } catch (const Error&) {
+    // A mismatch the checker found came earlier in read order than this.
+    const std::string problem = checker.finish();
+    if (!problem.empty()) throw IoError(problem);
+    throw;
+  }
+  const std::string problem = checker.finish();
+  if (!problem.empty()) throw IoError(problem);
 }
 
 }  // namespace dtrain::checkpoint

@@ -68,6 +68,10 @@ CLI::App* add_checkpoint_command(CLI::App& app, dtrain::tools::CheckpointBenchOp
   cmd->add_option("--dir", o.dir, "write under this directory (default: the temporary directory)");
   cmd->add_option("--repeats", o.repeats, "rounds; figures are medians")->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--settle", o.settle_s,
+                  "seconds to let the storage settle (after a sync) before every timed operation")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--set", o.overrides, "override a config field")->take_all();
   return cmd;
 }

@@ -21,12 +21,13 @@ TEST(BenchCheckpoint, PrintsSaveLoadAndAsyncFigures) {
   testing::TempDir dir;
   const std::string config = testing::source_dir() + "/examples/configs/lm-small.json";
   const auto r = run_command(fmt::format(
-      "OMP_NUM_THREADS=1 {}/dtrain-bench checkpoint --config {} --dir {} --repeats 1 --set model.n_layers=1",
+      "OMP_NUM_THREADS=1 {}/dtrain-bench checkpoint --config {} --dir {} --repeats 1 --settle 0 --set model.n_layers=1",
       bin_dir(), config, dir.str()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* line : {"save_ratio: ", "load_ratio: ", "async_blocked_fraction: ", "state_gb: ", "command: "}) {
     EXPECT_THAT(r.output, HasSubstr(line));
   }
+  EXPECT_THAT(r.output, HasSubstr("--settle 0")) << "the printed command reproduces the run";
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark removes what it wrote";
 }
 

@@ -141,5 +141,81 @@ TEST(Checkpoint, LatestIsReplacedByRename) {
   EXPECT_EQ(load_latest(env, tmp.path(), nullptr)->step(), 20);
 }
 
+// read_ranges (checksums behind the reads) fills exactly what read_range does,
+// for ranges read whole and ranges that take part of a record.
+TEST(ReadRanges, MatchesReadRangeWhenResharding) {
+  TempDir tmp;
+  Env& env = *default_env();
+  save_step(env, tmp.path(), 100, 3);
+  const auto dir = step_dir(tmp.path(), 100);
+  const Manifest m = read_manifest(env, dir);
+  for (int world : {3, 2, 1, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      const std::vector<Range> ranges = layout(world, rank);
+      std::vector<std::vector<float>> out;
+      for (const Range& r : ranges) out.emplace_back(r.count, -1.0f);
+      std::vector<RangeTarget> wanted;
+      for (std::size_t i = 0; i < ranges.size(); ++i) wanted.push_back({ranges[i], out[i].data()});
+      read_ranges(env, dir, m, wanted);
+      for (std::size_t i = 0; i < ranges.size(); ++i) {
+        EXPECT_EQ(out[i], expected(100, ranges[i])) << "world " << world << " rank " << rank << " " << i;
+      }
+    }
+  }
+}
+
+// A record of several read pieces (12 MiB, read 8 MiB at a time): its crc is
+// chained over the pieces, and a flipped byte in the last piece is named.
+TEST(ReadRanges, ChecksumsARecordReadInPieces) {
+  TempDir tmp;
+  Env& env = *default_env();
+  const std::int64_t n = std::int64_t{3} << 20;
+  std::vector<float> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = static_cast<float>(i % 9973) * 0.5f;
+  prepare_step(env, tmp.path(), 1);
+  Manifest m;
+  m.set_step(1);
+  m.set_world_size(1);
+  Block* block = m.add_blocks();
+  block->set_name("block0");
+  block->set_numel(n);
+  add_records(write_rank_file(env, pending_dir(tmp.path(), 1), 0, {{{"params", 0, 0, n}, values.data()}}), &m);
+  commit_step(env, tmp.path(), m);
+  const auto dir = step_dir(tmp.path(), 1);
+
+  std::vector<float> out(values.size(), -1.0f);
+  read_ranges(env, dir, m, {{{"params", 0, 0, n}, out.data()}});
+  EXPECT_EQ(out, values);
+
+  flip_byte(dir / "rank_00000.bin", kShardDataOffset + static_cast<std::uint64_t>(n) * 4 - 3);
+  const std::string what = what_of([&] { read_ranges(env, dir, m, {{{"params", 0, 0, n}, out.data()}}); });
+  EXPECT_NE(what.find("rank_00000.bin, tensor params, block 0"), std::string::npos) << what;
+  EXPECT_NE(what.find(fmt::format("expected 0x{:08x} found 0x", m.ranges(0).crc32c())), std::string::npos)
+      << what;
+}
+
+// A mismatch found behind the reads is reported ahead of a later problem the
+// reader hits itself (here: a range in no rank file).
+TEST(ReadRanges, ReportsTheFirstProblemInReadOrder) {
+  TempDir tmp;
+  Env& env = *default_env();
+  save_step(env, tmp.path(), 100, 1);
+  const auto dir = step_dir(tmp.path(), 100);
+  Manifest m = read_manifest(env, dir);
+  flip_byte(dir / "rank_00000.bin", kShardDataOffset + 1);  // params, block 0
+  const Range first = layout(1, 0).front();
+  ASSERT_EQ(first.tensor, "params");
+  ASSERT_EQ(first.block, 0);
+  std::vector<float> a(first.count), b(5);
+  const std::string what = what_of([&] {
+    read_ranges(env, dir, m, {{first, a.data()}, {{"params", 7, 0, 5}, b.data()}});  // no block 7
+  });
+  EXPECT_NE(what.find("tensor params, block 0"), std::string::npos) << what;
+  EXPECT_NE(what.find("crc32c expected"), std::string::npos) << what;
+  // On its own the second range's problem is the gap.
+  EXPECT_NE(what_of([&] { read_ranges(env, dir, m, {{{"params", 7, 0, 5}, b.data()}}); }).find("in no rank file"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace dtrain::checkpoint
