@@ -1,5 +1,7 @@
 #include "comm/gloo/backend.h"
 
+#include <signal.h>
+
 #include <cstring>
 
 #include <fmt/format.h>
@@ -45,11 +47,27 @@ void translate_errors(F&& f) {
   }
 }
 
+// gloo writes to its sockets with writev, which raises SIGPIPE when a peer
+// has died; by default that kills this process without a word, before gloo
+// can report the broken pair. Ignoring it (as Python does for PyTorch) turns
+// it into EPIPE, which gloo reports and translate_errors makes a CommError.
+// A handler the program installed itself is left alone.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if (current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 }  // namespace
 
 GlooBackend::GlooBackend(int rank, int world_size, std::shared_ptr<Store> store, Duration timeout,
                          const std::string& hostname)
     : rank_(rank), world_size_(world_size) {
+  ignore_sigpipe_unless_handled();
   ::gloo::transport::tcp::attr attr(hostname.c_str());
   auto device = ::gloo::transport::tcp::CreateDevice(attr);
   context_ = std::make_shared<::gloo::rendezvous::Context>(rank, world_size);

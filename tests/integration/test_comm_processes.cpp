@@ -64,7 +64,8 @@ TEST(CommProcesses, RankKilledMidCollectiveGivesErrorsNotHang) {
   EXPECT_TRUE(procs[2].killed_by(SIGKILL));
   for (int r : {0, 1}) {
     const std::string log = procs[static_cast<std::size_t>(r)].log();
-    EXPECT_EQ(procs[static_cast<std::size_t>(r)].exit_code(), 2) << log;
+    EXPECT_EQ(procs[static_cast<std::size_t>(r)].exit_code(), 2)
+        << "rank " << r << ": " << procs[static_cast<std::size_t>(r)].outcome() << "\n" << log;
     EXPECT_THAT(log, AnyOf(HasSubstr("CommError"), HasSubstr("TimeoutError")));
     EXPECT_THAT(log, HasSubstr("allreduce #"));
     // Rank 2 (the highest) ends the list of ranks that reported nothing; a

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,15 @@ struct Spawned {
   bool exited() const { return reaped && WIFEXITED(status); }
   int exit_code() const { return exited() ? WEXITSTATUS(status) : -1; }
   bool killed_by(int sig) const { return reaped && WIFSIGNALED(status) && WTERMSIG(status) == sig; }
+  // "exit 2", "killed by signal 13 (Broken pipe)" or "not reaped": for messages.
+  std::string outcome() const {
+    if (!reaped) return "not reaped";
+    if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) {
+      return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
+    }
+    return "status " + std::to_string(status);
+  }
   std::string log() const {
     std::ifstream in(log_path);
     std::stringstream ss;

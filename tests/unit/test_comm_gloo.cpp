@@ -1,6 +1,8 @@
 // The gloo backend with N ranks as threads over an in-memory store: every
 // collective, dtype and awkward count against closed-form results; async
 // ordering; and the errors a rank that never arrives must produce.
+#include <signal.h>
+
 #include <atomic>
 #include <string>
 #include <thread>
@@ -131,6 +133,33 @@ TEST(CommGloo, ReductionsRefuseIntegerBuffers) {
     // Moving integers is fine.
     comm.broadcast(data.data(), data.size(), DType::i32, 0).wait();
   });
+}
+
+// gloo writes with writev: with SIGPIPE at its default, a peer that died
+// kills the survivor silently instead of failing its collective. Connecting
+// ignores SIGPIPE, unless the program handles it itself.
+void trivial_allreduce(comm::Communicator& comm) {
+  float x = 1.0f;
+  comm.allreduce(&x, 1, DType::f32, comm::ReduceOp::sum).wait();
+}
+
+sighandler_t sigpipe_disposition() {
+  struct sigaction current {};
+  ::sigaction(SIGPIPE, nullptr, &current);
+  return current.sa_handler;
+}
+
+void counting_handler(int) {}
+
+TEST(CommGloo, ConnectingIgnoresSigpipeSoADeadPeerIsAnErrorNotADeath) {
+  ::signal(SIGPIPE, SIG_DFL);
+  testing::run_gloo_ranks(2, 30s, trivial_allreduce);
+  EXPECT_EQ(sigpipe_disposition(), SIG_IGN);
+
+  ::signal(SIGPIPE, counting_handler);
+  testing::run_gloo_ranks(2, 30s, trivial_allreduce);
+  EXPECT_EQ(sigpipe_disposition(), &counting_handler) << "a program's own handler is kept";
+  ::signal(SIGPIPE, SIG_DFL);
 }
 
 }  // namespace
