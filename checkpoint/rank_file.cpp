@@ -111,10 +111,6 @@ std::uint32_t read_record(Env& env, const fs::path& dir, const RangeRecord& reco
                           std::int64_t copy_begin, std::int64_t copy_count, float* out) {
   const fs::path path = dir / record.file();
   const std::uint64_t bytes = static_cast<std::uint64_t>(record.count()) * sizeof(float);
-  if (out != nullptr && copy_begin == 0 && copy_count == record.count()) {
-    env.read(path, record.offset(), bytes, out);  // the whole record is wanted: no copy
-    return crc32c(out, bytes);
-  }
   std::vector<unsigned char> chunk(std::min<std::uint64_t>(bytes, kChunkBytes));
   const auto copy_first = static_cast<std::uint64_t>(copy_begin) * sizeof(float);
   const auto copy_end = copy_first + static_cast<std::uint64_t>(copy_count) * sizeof(float);
@@ -149,6 +145,11 @@ std::vector<const RangeRecord*> overlapping(const Manifest& manifest, const Rang
   std::sort(found.begin(), found.end(),
             [](const RangeRecord* a, const RangeRecord* b) { return a->begin() < b->begin(); });
   return found;
+}
+
+std::string crc_mismatch(const fs::path& dir, const RangeRecord& record, std::uint32_t found) {
+  return fmt::format("checkpoint '{}': {}: crc32c expected {} found {}", dir.string(), describe(record),
+                     hex32(record.crc32c()), hex32(found));
 }
 
 // Checksums pieces of records on its own thread, in the order they are
@@ -205,8 +206,7 @@ class BackgroundChecker {
       crc = crc32c(piece.data, piece.n, crc);
       if (!piece.last) continue;
       if (crc != piece.record->crc32c()) {
-        problem_ = fmt::format("checkpoint '{}': {}: crc32c expected {} found {}", dir_.string(),
-                               describe(*piece.record), hex32(piece.record->crc32c()), hex32(crc));
+        problem_ = crc_mismatch(dir_, *piece.record, crc);
       }
       crc = 0;
     }
@@ -221,9 +221,32 @@ class BackgroundChecker {
   std::thread thread_;   // last: starts after everything it uses exists
 };
 
+// Reads the whole record straight into `out` in bounded pieces. With a
+// checker, the pieces are checksummed behind the reads and 0 is returned;
+// without, returns their crc32c.
+std::uint32_t read_whole_record(Env& env, const fs::path& dir, const RangeRecord& record, float* out,
+                                BackgroundChecker* checker) {
+  const fs::path path = dir / record.file();
+  const std::uint64_t bytes = static_cast<std::uint64_t>(record.count()) * sizeof(float);
+  auto* p = reinterpret_cast<unsigned char*>(out);
+  if (bytes == 0 && checker != nullptr) checker->add(&record, p, 0, true);
+  std::uint32_t crc = 0;
+  for (std::uint64_t done = 0; done < bytes;) {
+    const std::uint64_t n = std::min<std::uint64_t>(kChunkBytes, bytes - done);
+    env.read(path, record.offset() + done, n, p + done);
+    if (checker != nullptr) {
+      checker->add(&record, p + done, n, done + n == bytes);
+    } else {
+      crc = crc32c(p + done, n, crc);
+    }
+    done += n;
+  }
+  return crc;
+}
+
 // Fills `out` from the records overlapping `wanted`. A record wanted whole
-// is read straight into `out` and, with a checker, checksummed behind the
-// reads in pieces; a partly wanted one is streamed and checked here.
+// is read straight into `out` (checked behind the reads when there is a
+// checker); a partly wanted one is streamed and checked here.
 void fill_range(Env& env, const fs::path& dir, const Manifest& manifest, const Range& wanted, float* out,
                 BackgroundChecker* checker) {
   if (wanted.begin < 0 || wanted.count < 0) {
@@ -249,23 +272,11 @@ void fill_range(Env& env, const fs::path& dir, const Manifest& manifest, const R
     }
     const std::int64_t stop = std::min(end, best->begin() + best->count());
     float* dest = out + (next - wanted.begin);
-    if (checker != nullptr && next == best->begin() && stop == best->begin() + best->count()) {
-      const fs::path path = dir / best->file();
-      const std::uint64_t bytes = static_cast<std::uint64_t>(best->count()) * sizeof(float);
-      auto* p = reinterpret_cast<unsigned char*>(dest);
-      if (bytes == 0) checker->add(best, p, 0, true);
-      for (std::uint64_t done = 0; done < bytes;) {
-        const std::uint64_t n = std::min<std::uint64_t>(kChunkBytes, bytes - done);
-        env.read(path, best->offset() + done, n, p + done);
-        done += n;
-        checker->add(best, p + done - n, n, done == bytes);
-      }
-    } else {
-      const std::uint32_t found = read_record(env, dir, *best, next - best->begin(), stop - next, dest);
-      if (found != best->crc32c()) {
-        throw IoError(fmt::format("checkpoint '{}': {}: crc32c expected {} found {}", dir.string(),
-                                  describe(*best), hex32(best->crc32c()), hex32(found)));
-      }
+    const bool whole = next == best->begin() && stop == best->begin() + best->count();
+    const std::uint32_t found = whole ? read_whole_record(env, dir, *best, dest, checker)
+                                      : read_record(env, dir, *best, next - best->begin(), stop - next, dest);
+    if ((!whole || checker == nullptr) && found != best->crc32c()) {
+      throw IoError(crc_mismatch(dir, *best, found));
     }
     next = stop;
   }

@@ -154,8 +154,14 @@ int cuda_device_count(std::string* why) {
 std::unique_ptr<Backend> make_backend(int rank, int world_size, ShareUniqueId share, int device,
                                       Duration timeout) {
   std::string why;
-  if (cuda_device_count(&why) == 0) {
+  const int count = cuda_device_count(&why);
+  if (count == 0) {
     throw CommError(fmt::format("backend nccl needs a CUDA device: {}", why));
+  }
+  if (device < 0 || device >= count) {
+    throw CommError(fmt::format("backend nccl: rank {} was given CUDA device {}, but {} device(s) are visible "
+                                "(0-{}); check CUDA_VISIBLE_DEVICES and the ranks per node",
+                                rank, device, count, count - 1));
   }
   return std::make_unique<NcclBackend>(rank, world_size, share, device, timeout);
 }

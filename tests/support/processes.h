@@ -12,12 +12,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <cstring>
 #include <thread>
 #include <vector>
 
