@@ -14,10 +14,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "comm/store.h"
 #include "core/dtype.h"
+#include "core/fence.h"
 
 namespace dtrain::comm {
 
@@ -38,10 +40,15 @@ struct Op {
   ReduceOp reduce = ReduceOp::sum;
   int root = 0;
   std::chrono::steady_clock::time_point deadline;
-  // nccl only: a cudaEvent_t recorded on the stream that produced `input`;
-  // the backend makes its own stream wait for it on the GPU (the host does
-  // not wait) before the collective reads the buffer. CPU backends require null.
-  const void* ready_event = nullptr;
+  // What must happen before the collective touches its buffers: the end of
+  // the kernels that produce `input` (and of those still reading `output`),
+  // from the device that owns them (core/fence.h). Null: nothing. The comm
+  // thread waits for it on the host, except that a backend that runs on a
+  // device waits for a CUDA fence on its own stream instead.
+  FencePtr ready;
+  // Set by the comm thread; a backend that runs on a device calls it once the
+  // collective is queued there, with a fence that completes with it.
+  std::function<void(FencePtr done)> launched;
 
   // "allreduce #12 (f32 x 1048576, sum)"
   std::string describe() const;
@@ -59,6 +66,9 @@ class Backend {
   // Whether run() itself honours op.deadline. When false (MPI), the
   // communicator's watchdog fails the operation at its deadline instead.
   virtual bool enforces_deadline() const { return true; }
+  // Whether collectives run on a device's stream (nccl): run() then waits
+  // for a CUDA ready fence on that stream and calls op.launched once queued.
+  virtual bool runs_on_device() const { return false; }
 };
 
 }  // namespace dtrain::comm

@@ -21,6 +21,14 @@ void WorkState::complete(std::exception_ptr e) {
   cv.notify_all();
 }
 
+void WorkState::set_launched(FencePtr fence) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    launched = std::move(fence);
+  }
+  cv.notify_all();
+}
+
 struct CommThread::Shared {
   std::unique_ptr<Backend> backend;
   CommunicatorOptions options;
@@ -28,6 +36,7 @@ struct CommThread::Shared {
   int world_size = 1;
   std::string group;  // "communicator 'world' (gloo, ranks 0-3)"
   bool backend_enforces_deadline = true;
+  bool backend_on_device = false;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -90,6 +99,7 @@ CommThread::CommThread(std::unique_ptr<Backend> backend, const CommunicatorOptio
   shared_->group = fmt::format("communicator '{}' ({}, ranks 0-{})", options.name, backend->name(),
                                backend->world_size() - 1);
   shared_->backend_enforces_deadline = backend->enforces_deadline();
+  shared_->backend_on_device = backend->runs_on_device();
   shared_->backend = std::move(backend);
   shared_->options = options;
   worker_ = std::thread(run_loop, shared_);
@@ -120,6 +130,7 @@ CommThread::~CommThread() {
 
 std::shared_ptr<WorkState> CommThread::submit(Op op) {
   auto work = std::make_shared<WorkState>();
+  work->on_device = shared_->backend_on_device;
   bool broken = false;
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
@@ -194,8 +205,13 @@ void CommThread::run_loop(std::shared_ptr<Shared> s) {
     s->cv.notify_all();  // the watchdog watches the new deadline
     bool timed_out = false;
     std::string cause;
-    const auto started_at = std::chrono::steady_clock::now();
     try {
+      await_ready(*s, *work);
+      const auto started_at = std::chrono::steady_clock::now();  // the transfer's time, not the wait's
+      std::weak_ptr<WorkState> weak = work;
+      work->op.launched = [weak](FencePtr done) {
+        if (auto w = weak.lock()) w->set_launched(std::move(done));
+      };
       s->backend->run(work->op);
       record_completion(*s, work->op, started_at);
     } catch (const TimeoutError& e) {
@@ -218,6 +234,18 @@ void CommThread::run_loop(std::shared_ptr<Shared> s) {
       s->current.reset();
     }
     s->cv.notify_all();
+  }
+}
+
+// Waits on the host for the fence the operation's input depends on, unless
+// the backend waits for a CUDA fence on its own stream (comm thread only).
+void CommThread::await_ready(const Shared& s, const WorkState& work) {
+  const FencePtr& ready = work.op.ready;
+  if (ready == nullptr || (s.backend_on_device && ready->cuda_event() != nullptr)) return;
+  if (!ready->wait_until(work.op.deadline)) {
+    throw TimeoutError(fmt::format("its input was not ready (the device producing it did not reach the "
+                                   "fence) within {} ms",
+                                   s.options.timeout.count()));
   }
 }
 

@@ -33,6 +33,11 @@ struct WorkState {
   std::chrono::steady_clock::time_point started_at;   // when the comm thread began it
   std::chrono::steady_clock::time_point finished_at;  // when it completed or failed
   std::exception_ptr error;
+  bool on_device = false;  // the backend runs on a device: `launched` comes before completion
+  FencePtr launched;       // set once a device backend queued the collective
+
+  // Publishes the device fence of a queued collective (Op::launched).
+  void set_launched(FencePtr fence);
 
   // The first completion wins; later ones (a late backend return after the
   // watchdog failed the operation) are ignored.
@@ -59,6 +64,7 @@ class CommThread {
   struct Shared;
   static void run_loop(std::shared_ptr<Shared> shared);
   static void watchdog_loop(std::shared_ptr<Shared> shared);
+  static void await_ready(const Shared& s, const WorkState& work);
   static void record_completion(Shared& s, const Op& op, std::chrono::steady_clock::time_point started_at);
 
   std::shared_ptr<Shared> shared_;

@@ -1,7 +1,5 @@
 #include "comm/communicator.h"
 
-#include <string_view>
-
 #include <fmt/format.h>
 
 #include "comm/comm_thread.h"
@@ -55,6 +53,41 @@ double Work::run_seconds() const {
   return std::chrono::duration<double>(state_->finished_at - state_->started_at).count();
 }
 
+namespace {
+
+// Reached when a host backend's operation completes; rethrows its error.
+class CompletionFence final : public Fence {
+ public:
+  explicit CompletionFence(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+  bool wait_until(Clock::time_point deadline) const override {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    if (!state_->cv.wait_until(lock, deadline, [&] { return state_->done; })) return false;
+    if (state_->error) std::rethrow_exception(state_->error);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<WorkState> state_;
+};
+
+}  // namespace
+
+FencePtr Work::done_fence() const {
+  DTRAIN_CHECK(state_ != nullptr, "done_fence() on an empty Work");
+  if (!state_->on_device) return std::make_shared<CompletionFence>(state_);
+  std::unique_lock<std::mutex> lock(state_->mu);
+  for (;;) {  // bounded like wait(): the comm thread launches or fails it by its deadline
+    if (state_->cv.wait_for(lock, std::chrono::seconds(1), [&] { return state_->launched || state_->done; })) break;
+    const auto limit = state_->op.deadline + std::chrono::minutes(2);
+    if (state_->started && std::chrono::steady_clock::now() > limit) {
+      throw TimeoutError(fmt::format("{} was not launched by the comm thread long after its deadline",
+                                     state_->op.describe()));
+    }
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+  return state_->launched;  // null: it completed without a device fence
+}
+
 std::uint64_t Work::seq() const { return state_ == nullptr ? 0 : state_->op.seq; }
 
 Communicator::Communicator(std::unique_ptr<Backend> backend, CommunicatorOptions options)
@@ -78,19 +111,15 @@ Work Communicator::submit(Op op) {
     throw CommError(fmt::format("{} on {}: reductions take f32, bf16 or f16 buffers", op_kind_name(op.kind),
                                 dtype_name(op.dtype)));
   }
-  if (op.ready_event != nullptr && std::string_view(backend_name_) != "nccl") {
-    throw CommError(fmt::format("{} with a CUDA ready event on backend {}: only nccl waits for events "
-                                "(device buffers need parallel.backend=nccl)",
-                                op_kind_name(op.kind), backend_name_));
-  }
-  return Work(thread_->submit(op));
+  return Work(thread_->submit(std::move(op)));
 }
 
 namespace {
 
-Op make_op(OpKind kind, const void* input, void* output, std::size_t count, DType dtype,
+Op make_op(OpKind kind, const void* input, void* output, std::size_t count, DType dtype, FencePtr ready,
            ReduceOp reduce = ReduceOp::sum, int root = 0) {
   Op o;
+  o.ready = std::move(ready);
   o.kind = kind;
   o.input = input;
   o.output = output;
@@ -103,28 +132,27 @@ Op make_op(OpKind kind, const void* input, void* output, std::size_t count, DTyp
 
 }  // namespace
 
-Work Communicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
-                             const void* ready_event) {
-  Op o = make_op(OpKind::allreduce, data, data, count, dtype, op);
-  o.ready_event = ready_event;
-  return submit(o);
+Work Communicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, FencePtr ready) {
+  return submit(make_op(OpKind::allreduce, data, data, count, dtype, std::move(ready), op));
 }
 
 Work Communicator::reduce_scatter(const void* input, void* output, std::size_t count, DType dtype,
-                                  ReduceOp op) {
-  return submit(make_op(OpKind::reduce_scatter, input, output, count, dtype, op));
+                                  ReduceOp op, FencePtr ready) {
+  return submit(make_op(OpKind::reduce_scatter, input, output, count, dtype, std::move(ready), op));
 }
 
-Work Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype) {
-  return submit(make_op(OpKind::allgather, input, output, count, dtype));
+Work Communicator::allgather(const void* input, void* output, std::size_t count, DType dtype, FencePtr ready) {
+  return submit(make_op(OpKind::allgather, input, output, count, dtype, std::move(ready)));
 }
 
-Work Communicator::broadcast(void* data, std::size_t count, DType dtype, int root) {
+Work Communicator::broadcast(void* data, std::size_t count, DType dtype, int root, FencePtr ready) {
   DTRAIN_CHECK(root >= 0 && root < world_size_, "broadcast root {} outside 0..{}", root,
                world_size_ - 1);
-  return submit(make_op(OpKind::broadcast, data, data, count, dtype, ReduceOp::sum, root));
+  return submit(make_op(OpKind::broadcast, data, data, count, dtype, std::move(ready), ReduceOp::sum, root));
 }
 
-Work Communicator::barrier() { return submit(make_op(OpKind::barrier, nullptr, nullptr, 0, DType::f32)); }
+Work Communicator::barrier() {
+  return submit(make_op(OpKind::barrier, nullptr, nullptr, 0, DType::f32, nullptr));
+}
 
 }  // namespace dtrain::comm

@@ -61,6 +61,12 @@ class Work {
   std::uint64_t seq() const;
   // Seconds the comm thread spent on it (0 until it completed).
   double run_seconds() const;
+  // A fence that is reached when the operation completes, for a device queue
+  // to wait on before it reads the output (core/fence.h). On a backend that
+  // runs on a device (nccl) this waits until the collective is queued there
+  // (not until it completes) and returns its CUDA fence; on host backends it
+  // returns at once a fence that waits for completion and rethrows the error.
+  FencePtr done_fence() const;
   bool valid() const { return state_ != nullptr; }
 
  private:
@@ -90,14 +96,14 @@ class Communicator {
   const std::string& name() const { return options_.name; }
   Duration timeout() const { return options_.timeout; }
 
-  // ready_event (nccl only; see Op::ready_event): a cudaEvent_t the collective
-  // waits for on the GPU, so a caller can queue it before its compute stream
-  // has produced `data`. Other backends refuse a non-null event.
-  Work allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
-                 const void* ready_event = nullptr);
-  Work reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op);
-  Work allgather(const void* input, void* output, std::size_t count, DType dtype);
-  Work broadcast(void* data, std::size_t count, DType dtype, int root);
+  // ready (see Op::ready): the fence the collective waits for before it
+  // touches its buffers, so a caller can queue it before its device has
+  // produced `data`; null: the buffers are ready now.
+  Work allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, FencePtr ready = nullptr);
+  Work reduce_scatter(const void* input, void* output, std::size_t count, DType dtype, ReduceOp op,
+                      FencePtr ready = nullptr);
+  Work allgather(const void* input, void* output, std::size_t count, DType dtype, FencePtr ready = nullptr);
+  Work broadcast(void* data, std::size_t count, DType dtype, int root, FencePtr ready = nullptr);
   Work barrier();
 
   // Sequence number of the last operation submitted (0 before any).

@@ -14,10 +14,9 @@
 #include "comm/mpi/backend.h"
 #include "comm/tcp_store.h"
 #include "dtrain/config.h"
-#include "core/error.h"
-#if DTRAIN_HAVE_CUDA
 #include "comm/nccl/backend.h"
-#endif
+#include "core/error.h"
+#include "core/plugin.h"
 
 namespace dtrain::comm {
 namespace {
@@ -77,7 +76,6 @@ std::shared_ptr<Store> require_store(const ConnectOptions& options, const char* 
       "or set DTRAIN_STORE=host:port (rank 0 then hosts it there)", backend));
 }
 
-#if DTRAIN_HAVE_CUDA
 nccl_backend::ShareUniqueId share_through_store(std::shared_ptr<Store> store, int rank, Duration timeout) {
   return [store = std::move(store), rank, timeout](void* id, std::size_t bytes) {
     const std::string key = "nccl/unique_id";
@@ -109,30 +107,16 @@ nccl_backend::ShareUniqueId share_through_mpi() {
   };
 }
 
-// The CUDA device of this rank: its local rank among the devices it sees,
-// as Slurm or CUDA_VISIBLE_DEVICES narrowed them (cluster/devices.h).
-int cuda_device(const cluster::Environment& env) {
-  std::string why;
-  const cluster::GpuView view{nccl_backend::cuda_device_count(&why), env.cuda_visible_devices, env.slurm_gpus};
-  if (view.visible_count == 0) throw CommError(fmt::format("backend nccl needs a CUDA device: {}", why));
-  return cluster::device_for_local_rank(env.local_rank, env.local_world_size, view);
-}
-#endif
-
 // NCCL's unique id travels through the store, or over MPI when mpirun (or
 // srun with PMIx) started a job that has no store.
 std::unique_ptr<Backend> connect_nccl(const cluster::Environment& env, const ConnectOptions& options) {
-#if DTRAIN_HAVE_CUDA
-  const int device = cuda_device(env);
+  const int device = cuda_device_for(env);
   if (!options.store && env.pmix) {
-    return nccl_backend::make_backend(env.rank, env.world_size, share_through_mpi(), device, options.timeout);
+    return nccl_backend::load_backend(env.rank, env.world_size, share_through_mpi(), device, options.timeout);
   }
-  return nccl_backend::make_backend(env.rank, env.world_size,
+  return nccl_backend::load_backend(env.rank, env.world_size,
                                     share_through_store(require_store(options, "nccl"), env.rank, options.timeout),
                                     device, options.timeout);
-#else
-  return make_nccl_backend(env.rank, env.world_size, options.store, env.local_rank, options.timeout);
-#endif
 }
 
 }  // namespace
@@ -200,14 +184,21 @@ std::unique_ptr<Backend> make_mpi_backend(Duration /*timeout*/) {
 
 std::unique_ptr<Backend> make_nccl_backend(int rank, int world_size, std::shared_ptr<Store> store,
                                            int device, Duration timeout) {
-#if DTRAIN_HAVE_CUDA
-  return nccl_backend::make_backend(rank, world_size, share_through_store(std::move(store), rank, timeout), device,
+  return nccl_backend::load_backend(rank, world_size, share_through_store(std::move(store), rank, timeout), device,
                                     timeout);
-#else
-  (void)rank, (void)world_size, (void)store, (void)device, (void)timeout;
-  throw CommError("backend nccl is not available: this dtrain was built without CUDA "
-                  "(configure with -DDTRAIN_WITH_CUDA=ON where the CUDA toolkit is installed)");
-#endif
+}
+
+int cuda_device_for(const cluster::Environment& env) {
+  std::string why;
+  const cluster::GpuView view{cuda_device_count(&why), env.cuda_visible_devices, env.slurm_gpus};
+  if (view.visible_count == 0) throw ConfigError("device", fmt::format("cuda needs a GPU: {}", why));
+  return cluster::device_for_local_rank(env.local_rank, env.local_world_size, view);
+}
+
+std::unique_ptr<Backend> nccl_backend::load_backend(int rank, int world_size, ShareUniqueId share, int device,
+                                                    Duration timeout) {
+  auto* make = reinterpret_cast<MakeBackendFn*>(plugin_symbol(kCudaPlugin, kMakeBackendSymbol, "parallel.backend"));
+  return std::unique_ptr<Backend>(make(rank, world_size, &share, device, static_cast<long long>(timeout.count())));
 }
 
 std::unique_ptr<Communicator> connect(const cluster::Environment& env, const ConnectOptions& options) {

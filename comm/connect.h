@@ -61,6 +61,11 @@ std::unique_ptr<Backend> make_gloo_backend(int rank, int world_size, std::shared
                                            Duration timeout, const std::string& hostname);
 std::unique_ptr<Backend> make_mpi_backend(Duration timeout);  // MPI_COMM_WORLD; initialises MPI
 std::unique_ptr<Backend> make_nccl_backend(int rank, int world_size, std::shared_ptr<Store> store,
-                                           int device, Duration timeout);  // throws without CUDA
+                                           int device, Duration timeout);  // ConfigError without the CUDA plugin
+
+// The CUDA device of this rank: its local rank among the devices it sees,
+// as Slurm or CUDA_VISIBLE_DEVICES narrowed them (cluster/devices.h).
+// ConfigError naming `device` when there is none.
+int cuda_device_for(const cluster::Environment& env);
 
 }  // namespace dtrain::comm

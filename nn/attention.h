@@ -1,10 +1,15 @@
 // Multi-head scaled dot-product self-attention core (the QKV and output
 // projections are Linear layers around it): per head,
 //   S = Q K^T / sqrt(head_dim) (+ causal mask),  P = softmax(S),  O = P V.
+// Written once over the storage format F of Q, K, V, P and every matmul
+// operand (f32, or bf16/f16 with f32 accumulation); the scores S and their
+// gradient dP are always f32, so softmax and its backward compute in f32.
 // The products are batched over (batch, head) through nn::cpu::gemm.
 #pragma once
 
 #include <cstdint>
+
+#include "nn/cpu/convert.h"
 
 namespace dtrain::nn {
 
@@ -17,28 +22,37 @@ struct AttentionShape {
 };
 
 // What forward keeps for backward; all owned by the caller.
+template <class T>
 struct AttentionSaved {
-  float* q;      // [B, H, T, hd]
-  float* k;      // [B, H, T, hd]
-  float* v;      // [B, H, T, hd]
-  float* probs;  // [B, H, T, T]; masked entries are 0
+  T* q;      // [B, H, T, hd]
+  T* k;      // [B, H, T, hd]
+  T* v;      // [B, H, T, hd]
+  T* probs;  // [B, H, T, T]; masked entries are 0
 };
 
-// Scratch for backward, shared by all layers; owned by the caller.
+// Scratch shared by all layers; owned by the caller. With f32 storage,
+// scores may alias saved.probs and d_scores may alias scores (every kernel
+// reads an element before it writes the aliased one).
+template <class T>
 struct AttentionScratch {
-  float* d_out;    // [B, H, T, hd]; also forward's O before it is interleaved
-  float* d_probs;  // [B, H, T, T]
-  float* dq;       // [B, H, T, hd]
-  float* dk;       // [B, H, T, hd]
-  float* dv;       // [B, H, T, hd]
+  float* scores;  // [B, H, T, T] f32: forward's scores, backward's dP
+  T* heads;       // [B, H, T, hd]: forward's O, backward's dO
+  T* d_scores;    // [B, H, T, T]: dS (backward only)
+  T* dq;          // [B, H, T, hd] (backward only)
+  T* dk;
+  T* dv;
 };
 
 // qkv: [B, T, 3, H, hd] (the fused projection's output); out: [B, T, H, hd].
-void attention_forward(const AttentionShape& shape, const float* qkv, float* out,
-                       const AttentionSaved& saved, const AttentionScratch& scratch);
+template <class F = cpu::F32Format>
+void attention_forward(const AttentionShape& shape, const typename F::T* qkv, typename F::T* out,
+                       const AttentionSaved<typename F::T>& saved,
+                       const AttentionScratch<typename F::T>& scratch);
 
 // d_out: [B, T, H, hd]; d_qkv: [B, T, 3, H, hd], written.
-void attention_backward(const AttentionShape& shape, const float* d_out, float* d_qkv,
-                        const AttentionSaved& saved, const AttentionScratch& scratch);
+template <class F = cpu::F32Format>
+void attention_backward(const AttentionShape& shape, const typename F::T* d_out, typename F::T* d_qkv,
+                        const AttentionSaved<typename F::T>& saved,
+                        const AttentionScratch<typename F::T>& scratch);
 
 }  // namespace dtrain::nn

@@ -1,6 +1,5 @@
 #include "nn/gelu.h"
 
-#include "nn/cpu/convert.h"
 #include "nn/cpu/parallel.h"
 #include "nn/cpu/vec_math.h"
 
@@ -12,36 +11,8 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr std::int64_t kChunk = 4096;
 }  // namespace
 
-void gelu_forward(const float* x, float* y, float* dydx, std::int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (std::int64_t c = 0; c < n; c += kChunk) {
-    const std::int64_t end = c + kChunk < n ? c + kChunk : n;
-    if (dydx == nullptr) {
-      for (std::int64_t i = c; i < end; ++i) {
-        const float v = x[i];
-        y[i] = 0.5f * v * (1.0f + cpu::fast_erf(v * kInvSqrt2));
-      }
-      continue;
-    }
-    for (std::int64_t i = c; i < end; ++i) {
-      const float v = x[i];
-      const float cdf = 0.5f * (1.0f + cpu::fast_erf(v * kInvSqrt2));
-      const float pdf = kInvSqrt2Pi * cpu::fast_exp(-0.5f * v * v);
-      y[i] = v * cdf;
-      dydx[i] = cdf + v * pdf;  // may overwrite x[i], already read
-    }
-  }
-}
-
-void gelu_backward(const float* dy, const float* dydx, float* dx, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dx[i] = dy[i] * dydx[i];
-}
-
-namespace {
-
 template <class F>
-void gelu_forward_rows(const std::uint16_t* x, std::uint16_t* y, std::uint16_t* dydx,
-                       std::int64_t n) {
+void gelu_forward(const typename F::T* x, typename F::T* y, typename F::T* dydx, std::int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (std::int64_t c = 0; c < n; c += kChunk) {
     const std::int64_t end = c + kChunk < n ? c + kChunk : n;
@@ -57,24 +28,20 @@ void gelu_forward_rows(const std::uint16_t* x, std::uint16_t* y, std::uint16_t* 
       const float cdf = 0.5f * (1.0f + cpu::fast_erf(v * kInvSqrt2));
       const float pdf = kInvSqrt2Pi * cpu::fast_exp(-0.5f * v * v);
       y[i] = F::store(v * cdf);
-      dydx[i] = F::store(cdf + v * pdf);
+      dydx[i] = F::store(cdf + v * pdf);  // may overwrite x[i], already read
     }
   }
 }
 
-}  // namespace
-
-void gelu_forward_half(DType dtype, const std::uint16_t* x, std::uint16_t* y,
-                       std::uint16_t* dydx, std::int64_t n) {
-  cpu::with_half_format(dtype, [&](auto f) { gelu_forward_rows<decltype(f)>(x, y, dydx, n); });
+template <class F>
+void gelu_backward(const typename F::T* dy, const typename F::T* dydx, typename F::T* dx, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dx[i] = F::store(F::load(dy[i]) * F::load(dydx[i]));
 }
 
-void gelu_backward_half(DType dtype, std::uint16_t* dy_dx, const std::uint16_t* dydx,
-                        std::int64_t n) {
-  cpu::with_half_format(dtype, [&](auto f) {
-    using F = decltype(f);
-    for (std::int64_t i = 0; i < n; ++i) dy_dx[i] = F::store(F::load(dy_dx[i]) * F::load(dydx[i]));
-  });
-}
+#define DTRAIN_INSTANTIATE(F)                                                           \
+  template void gelu_forward<F>(const F::T*, F::T*, F::T*, std::int64_t);              \
+  template void gelu_backward<F>(const F::T*, const F::T*, F::T*, std::int64_t);
+DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
+#undef DTRAIN_INSTANTIATE
 
 }  // namespace dtrain::nn

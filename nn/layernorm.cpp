@@ -6,20 +6,13 @@
 #include "nn/cpu/parallel.h"
 
 namespace dtrain::nn {
-namespace {
-
-struct F32Store {
-  static float store(float f) { return f; }
-};
-
-// Out is float (Format = F32Store) or std::uint16_t (a 16-bit Format).
-template <class Format, class Out>
-void layernorm_rows(const float* x, const float* weight, const float* bias, Out* y, float* mean,
-                    float* rstd, std::int64_t n, std::int64_t c) {
+template <class F>
+void layernorm_forward(const float* x, const float* weight, const float* bias, typename F::T* y,
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
-    Out* yi = y + i * c;
+    typename F::T* yi = y + i * c;
     float sum = 0.0f;
     for (std::int64_t j = 0; j < c; ++j) sum += xi[j];
     const float m = sum / static_cast<float>(c);
@@ -29,26 +22,17 @@ void layernorm_rows(const float* x, const float* weight, const float* bias, Out*
       var += d * d;
     }
     const float s = 1.0f / std::sqrt(var / static_cast<float>(c) + kLayerNormEps);
-    for (std::int64_t j = 0; j < c; ++j) yi[j] = Format::store((xi[j] - m) * s * weight[j] + bias[j]);
+    for (std::int64_t j = 0; j < c; ++j) yi[j] = F::store((xi[j] - m) * s * weight[j] + bias[j]);
     mean[i] = m;
     rstd[i] = s;
   }
 }
 
-}  // namespace
-
-void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
-                       float* mean, float* rstd, std::int64_t n, std::int64_t c) {
-  layernorm_rows<F32Store>(x, weight, bias, y, mean, rstd, n, c);
-}
-
-void layernorm_forward_half(const float* x, const float* weight, const float* bias,
-                            std::uint16_t* y, DType y_type, float* mean, float* rstd,
-                            std::int64_t n, std::int64_t c) {
-  cpu::with_half_format(y_type, [&](auto f) {
-    layernorm_rows<decltype(f)>(x, weight, bias, y, mean, rstd, n, c);
-  });
-}
+#define DTRAIN_INSTANTIATE(F)                                                                    \
+  template void layernorm_forward<F>(const float*, const float*, const float*, F::T*, float*, \
+                                     float*, std::int64_t, std::int64_t);
+DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
+#undef DTRAIN_INSTANTIATE
 
 // With xhat = (x - mean) * rstd and g = dy * weight:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))

@@ -1,6 +1,5 @@
 #include "nn/linear.h"
 
-#include "nn/cpu/convert.h"
 #include "nn/cpu/matmul.h"
 
 namespace dtrain::nn {
@@ -9,11 +8,12 @@ using cpu::Gemm;
 
 namespace {
 
-// dbias[out] += the sum of dy's n rows.
-void add_rows(const float* dy, std::int64_t n, std::int64_t out, float* dbias) {
+// dbias[out] += the sum of dy's n rows (widened from format F).
+template <class F>
+void add_rows(const typename F::T* dy, std::int64_t n, std::int64_t out, float* dbias) {
   for (std::int64_t i = 0; i < n; ++i) {
-    const float* row = dy + i * out;
-    for (std::int64_t j = 0; j < out; ++j) dbias[j] += row[j];
+    const typename F::T* row = dy + i * out;
+    for (std::int64_t j = 0; j < out; ++j) dbias[j] += F::load(row[j]);
   }
 }
 
@@ -51,47 +51,48 @@ Gemm linear_weight_grad_gemm(std::int64_t n, std::int64_t in, std::int64_t out) 
   return g;
 }
 
-void linear_forward(const float* x, const float* weight, const float* bias, float* y,
-                    std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate) {
-  cpu::gemm(linear_forward_gemm(n, in, out, accumulate), x, weight, y, bias);
+Gemm typed(Gemm g, DType operands, DType output) {
+  g.a_type = g.b_type = operands;
+  g.c_type = output;
+  return g;
 }
 
-void linear_backward(const float* dy, const float* x, const float* weight, float* dx,
-                     float* dweight, float* dbias, std::int64_t n, std::int64_t in,
-                     std::int64_t out, bool accumulate_dx) {
-  if (dx != nullptr) cpu::gemm(linear_input_grad_gemm(n, in, out, accumulate_dx), dy, weight, dx);
-  cpu::gemm(linear_weight_grad_gemm(n, in, out), dy, x, dweight);
-  if (dbias != nullptr) add_rows(dy, n, out, dbias);
+template <class FX, class FY>
+void linear_forward(const typename FX::T* x, const typename FX::T* weight, const float* bias,
+                    typename FY::T* y, std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate) {
+  cpu::gemm(typed(linear_forward_gemm(n, in, out, accumulate), FX::kDType, FY::kDType),
+            static_cast<const void*>(x), weight, y, bias);
 }
 
-void linear_forward_half(DType dtype, const std::uint16_t* x, const std::uint16_t* weight,
-                         const float* bias, void* y, DType y_type, std::int64_t n,
-                         std::int64_t in, std::int64_t out, bool accumulate) {
-  Gemm g = linear_forward_gemm(n, in, out, accumulate);
-  g.a_type = g.b_type = dtype;
-  g.c_type = y_type;
-  cpu::gemm(g, static_cast<const void*>(x), weight, y, bias);
-}
-
-void linear_backward_half(DType dtype, const std::uint16_t* dy, const float* dy_f32,
-                          const std::uint16_t* x, const std::uint16_t* weight, void* dx,
-                          DType dx_type, float* dweight, float* dbias, std::int64_t n,
-                          std::int64_t in, std::int64_t out, bool accumulate_dx) {
+template <class FX, class FD>
+void linear_backward(const typename FX::T* dy, const typename FX::T* x, const typename FX::T* weight,
+                     typename FD::T* dx, float* dweight, float* dbias, std::int64_t n, std::int64_t in,
+                     std::int64_t out, bool accumulate_dx, const float* dy_f32) {
   if (dx != nullptr) {
-    Gemm g = linear_input_grad_gemm(n, in, out, accumulate_dx);
-    g.a_type = g.b_type = dtype;
-    g.c_type = dx_type;
-    cpu::gemm(g, static_cast<const void*>(dy), weight, dx);
+    cpu::gemm(typed(linear_input_grad_gemm(n, in, out, accumulate_dx), FX::kDType, FD::kDType),
+              static_cast<const void*>(dy), weight, dx);
   }
-  Gemm w = linear_weight_grad_gemm(n, in, out);
-  w.a_type = w.b_type = dtype;
-  cpu::gemm(w, static_cast<const void*>(dy), x, dweight);
+  cpu::gemm(typed(linear_weight_grad_gemm(n, in, out), FX::kDType, DType::f32), static_cast<const void*>(dy),
+            x, dweight);
   if (dbias == nullptr) return;
   if (dy_f32 != nullptr) {
-    add_rows(dy_f32, n, out, dbias);
-    return;
+    add_rows<cpu::F32Format>(dy_f32, n, out, dbias);
+  } else {
+    add_rows<FX>(dy, n, out, dbias);
   }
-  for (std::int64_t i = 0; i < n; ++i) cpu::add_half_to_f32(dy + i * out, dtype, dbias, out);
 }
+
+// Operands and output of one format, and 16-bit operands with an f32 output.
+#define DTRAIN_INSTANTIATE(FX, FY)                                                                       \
+  template void linear_forward<FX, FY>(const FX::T*, const FX::T*, const float*, FY::T*, std::int64_t,   \
+                                       std::int64_t, std::int64_t, bool);                                \
+  template void linear_backward<FX, FY>(const FX::T*, const FX::T*, const FX::T*, FY::T*, float*, float*, \
+                                        std::int64_t, std::int64_t, std::int64_t, bool, const float*);
+#define DTRAIN_INSTANTIATE_SAME(F) DTRAIN_INSTANTIATE(F, F)
+DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE_SAME)
+DTRAIN_INSTANTIATE(cpu::Bf16Format, cpu::F32Format)
+DTRAIN_INSTANTIATE(cpu::F16Format, cpu::F32Format)
+#undef DTRAIN_INSTANTIATE_SAME
+#undef DTRAIN_INSTANTIATE
 
 }  // namespace dtrain::nn

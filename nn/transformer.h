@@ -11,9 +11,11 @@
 //                                    fc2.{weight [d, ff], bias}
 //   block n_layers + 1 "head":       lnf.{weight,bias}, then head.weight [V, d] (lm, untied) or
 //                                    cls.weight [C, d], cls.bias [C] (classifier)
-// The model owns activations (allocated once for its micro-batch shape), never
-// parameters: bind() hands it one flat pointer per block (and, in mixed
-// precision, one pointer per block to its 16-bit compute copy). One thread drives a
+// A model owns activations (allocated once for its micro-batch shape, on its
+// device), never parameters: bind() hands it one flat pointer per block (and,
+// in mixed precision, one pointer per block to its 16-bit compute copy). One
+// graph (nn/graph.h) implements both models for every device and precision;
+// Device::make_model builds it on a device's kernels. One thread drives a
 // model; forward and backward call the BlockHooks around every block.
 #pragma once
 
@@ -21,9 +23,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/aligned_buffer.h"
 #include "core/dtype.h"
-#include "nn/attention.h"
+#include "nn/device.h"
 #include "nn/hooks.h"
 #include "nn/parameters.h"
 
@@ -80,63 +81,50 @@ struct StepKey {
   std::int64_t row_offset = 0;  // global index of this rank's first row (rank * micro-batch)
 };
 
-class Transformer {
+// A Transformer on a device (Device::make_model). Work is queued on the
+// device: forward() and backward() return once their kernels are submitted;
+// the loss of every forward since reset_result() accumulates on the device
+// until collect() reads it (the host's one wait for the model).
+class Model {
  public:
-  // Allocates activations for micro-batches of `batch` x `seq_len`.
-  Transformer(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
-              std::int64_t seq_len);
-  ~Transformer();
-  Transformer(const Transformer&) = delete;
-  Transformer& operator=(const Transformer&) = delete;
+  Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_len)
+      : config_(config), batch_(batch), seq_(seq_len) {}
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
-  // REQUIRES: pointers.params/grads (and compute, unless config.compute is f32)
-  // hold one pointer per block of the layout.
-  void bind(const BlockPointers& pointers);
+  // REQUIRES: pointers into the device's memory: params/grads (and compute,
+  // unless config.compute is f32) hold one pointer per block of the layout.
+  virtual void bind(const BlockPointers& pointers) = 0;
 
-  // training: dropout on (when configured) and state kept for backward.
-  ForwardResult forward(const ModelInputs& inputs, BlockHooks& hooks, bool training,
-                        const StepKey& key);
+  // inputs: host memory (the data loader's batch), read before forward
+  // returns. Throws DataError naming the row (and position) of a token or
+  // target outside its range. training: dropout on (when configured) and
+  // state kept for backward.
+  virtual void forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) = 0;
   // Adds d(grad_scale * loss)/d(params) into the bound gradients.
   // REQUIRES: the last call was forward(..., training = true, ...).
-  void backward(BlockHooks& hooks, float grad_scale);
+  virtual void backward(BlockHooks& hooks, float grad_scale) = 0;
+
+  // Clears the loss sum and counts (queued).
+  virtual void reset_result() = 0;
+  // Waits for the device and returns the mean loss, the correct and scored
+  // counts over every forward since reset_result().
+  virtual ForwardResult collect() = 0;
+  // Device bytes of activations, scratch and inputs.
+  virtual std::int64_t activation_bytes() const = 0;
 
   const ModelConfig& config() const { return config_; }
   std::int64_t batch() const { return batch_; }
   std::int64_t seq_len() const { return seq_; }
 
  private:
-  // Order of a layer block's parameters (declare_parameters keeps it).
-  enum LayerParam : int {
-    kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B
-  };
-  // Dropout sites: 2l (attention branch of layer l), 2l+1 (MLP branch), and this.
-  static constexpr std::int64_t kEmbedDropoutSite = 1 << 20;
-  struct Activations;
-  struct HalfActivations;  // mixed precision (transformer_half.cpp)
-  bool half() const { return config_.compute != DType::f32; }
-  void embed_forward(const StepKey& key, bool training);
-  void layer_forward(int l, const StepKey& key, bool training);
-  void head_forward();
-  void head_backward(float grad_scale);
-  void layer_backward(int l);
-  void embed_backward();
-  float* param(int index, bool grad) const;
-  void layer_forward_half(int l, const StepKey& key, bool training);
-  void layer_backward_half(int l);
-  void lm_head_forward_half();
-  void lm_head_backward_half(float* dlogits);
-  const std::uint16_t* param16(int index) const;
-
   ModelConfig config_;
-  const ParameterLayout& layout_;
   std::int64_t batch_, seq_;
-  AttentionShape attn_shape_;
-  BlockPointers ptrs_;
-  ModelInputs inputs_{};
-  StepKey key_{};
-  bool dropout_active_ = false;
-  std::unique_ptr<Activations> acts_;
-  std::unique_ptr<HalfActivations> half_;
 };
+
+// One forward's result on its own: reset_result(), forward(), collect().
+ForwardResult forward_once(Model& model, const ModelInputs& inputs, BlockHooks& hooks, bool training,
+                           const StepKey& key);
 
 }  // namespace dtrain::nn

@@ -13,7 +13,8 @@ namespace dtrain::sharding {
 
 using Clock = std::chrono::steady_clock;
 
-Engine::Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options)
+Engine::Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, nn::Device& device,
+               EngineOptions options)
     : layout_(layout), comm_(comm), options_(options), scaler_(options.loss_scaling) {
   if (options.stage < 0 || options.stage > 3) {
     throw ConfigError("parallel.zero_stage", fmt::format("{} is not a ZeRO stage (0, 1, 2 or 3)", options.stage));
@@ -25,17 +26,14 @@ Engine::Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, Engi
   if (!float_type(options.reduce)) {
     throw ConfigError("parallel.reduce_dtype", fmt::format("{} is not a float type", dtype_name(options.reduce)));
   }
-  impl_ = std::make_unique<Impl>(layout, comm, options);
+  impl_ = std::make_unique<Impl>(layout, comm, device, options);
   memory_ = impl_->memory();
   impl_->initialise_parameters(options.seed);
 }
 
 Engine::~Engine() {
-  // Collectives still in flight write into our buffers: let them finish.
-  try {
-    impl_->wait_all();
-  } catch (const std::exception&) {  // the error was reported where it was waited for
-  }
+  // Collectives and kernels still in flight use our buffers: let them finish.
+  impl_->wait_all();
 }
 
 nn::BlockPointers Engine::pointers() const { return impl_->pointers(); }
@@ -60,7 +58,12 @@ void Engine::before_backward(int block) {
 }
 
 void Engine::after_backward(int block) {
-  if (gradient_hook_) gradient_hook_(block, impl_->local_gradients(block), layout_.blocks()[static_cast<std::size_t>(block)].numel);
+  if (gradient_hook_) {
+    DTRAIN_CHECK(impl_->device().host_memory(), "a gradient hook on {}, whose memory the host cannot reach",
+                 impl_->device().name());
+    impl_->device().synchronize();
+    gradient_hook_(block, impl_->local_gradients(block), layout_.blocks()[static_cast<std::size_t>(block)].numel);
+  }
   if (block == 0 && sync_ && !comm_stats_.overlapped) comm_stats_.overlapped = impl_->first_collective_started();
   if (options_.stage >= 2) {
     impl_->reduce_scatter_block(block);
@@ -99,8 +102,11 @@ std::vector<StateSlice> Engine::owned_state() { return impl_->state_slices(/*own
 std::vector<StateSlice> Engine::state_to_load() { return impl_->state_slices(/*owned_only=*/false); }
 
 void Engine::state_loaded() {
+  impl_->upload_loaded_state();
   impl_->invalidate_gathers();
   impl_->refresh_compute();
 }
+
+nn::Device& Engine::device() { return impl_->device(); }
 
 }  // namespace dtrain::sharding

@@ -29,8 +29,18 @@
 // (stages 0 and 1 then communicate once, after the last; stages 2 and 3
 // reduce-scatter every micro-batch into the shard).
 //
+// Devices: every buffer lives in the memory of the engine's nn::Device (the
+// host, or a GPU) and every update runs there (nn/device.h), so the same
+// engine serves every device; the communicator must move that memory (gloo
+// or mpi for the host, nccl for a GPU). Work on the device is asynchronous:
+// each collective waits for a fence of the device's queue, and the device's
+// later work waits for the collective's done fence, so the host never waits
+// for the device inside a step except where it reads: grad_norm() (the norm;
+// the trainer reads the loss there too), gather_parameters() and the state.
+//
 // Threading: one training thread calls everything; collectives run on the
-// communicator's comm thread. The communicator must outlive the engine.
+// communicator's comm thread. The communicator and the device must outlive
+// the engine.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +51,7 @@
 #include "comm/communicator.h"
 #include "core/aligned_buffer.h"
 #include "nn/adamw.h"
+#include "nn/device.h"
 #include "nn/hooks.h"
 #include "nn/loss_scaler.h"
 #include "nn/parameters.h"
@@ -56,6 +67,10 @@ struct EngineOptions {
   DType compute = DType::f32;     // precision: f32, or bf16/f16 compute copies of the masters
   DType reduce = DType::f32;      // parallel.reduce_dtype: gradient collectives' element type
   nn::LossScalerOptions loss_scaling;  // enabled for precision fp16
+  // TEST ONLY: the collective of this index within each step (0 = the first)
+  // is queued without waiting for the device's fence, to prove that a missing
+  // wait is caught; -1: none.
+  int testonly_unfenced_collective = -1;
 };
 
 // Bytes this rank holds, by kind (what the ZeRO paper counts as model states,
@@ -91,16 +106,16 @@ struct StateSlice {
 
 class Engine : public nn::BlockHooks {
  public:
-  // Allocates this rank's buffers, initialises the parameters (identically on
-  // every rank: init depends on (seed, parameter index) only), then checks
-  // every rank holds the same parameters (a checksum all-gather; stage 0-2
-  // broadcast from rank 0 first).
-  Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options);
+  // Allocates this rank's buffers on `device`, initialises the parameters
+  // (identically on every rank: init depends on (seed, parameter index)
+  // only), then checks every rank holds the same parameters (a checksum
+  // all-gather; stage 0-2 broadcast from rank 0 first).
+  Engine(const nn::ParameterLayout& layout, comm::Communicator& comm, nn::Device& device, EngineOptions options);
   ~Engine() override;
 
-  // What the model binds to: per-block parameter and gradient pointers. Valid
-  // for the engine's lifetime (stage 3 points into rotating gather buffers
-  // that hold the block while its hooks say so).
+  // What the model binds to: per-block parameter and gradient pointers in the
+  // device's memory. Valid for the engine's lifetime (stage 3 points into
+  // rotating gather buffers that hold the block while its hooks say so).
   nn::BlockPointers pointers() const;
 
   // Starts an optimizer step: clears gradients.
@@ -136,6 +151,7 @@ class Engine : public nn::BlockHooks {
   // For tests: called in after_backward(block), before any communication,
   // with this rank's local f32 gradient of the block (numel elements; the
   // engine then reduces whatever the hook left there). Empty: none.
+  // REQUIRES a device with host memory (the engine waits for it first).
   using GradientHook = std::function<void(int block, float* grads, std::int64_t numel)>;
   void set_gradient_hook(GradientHook hook) { gradient_hook_ = std::move(hook); }
 
@@ -145,11 +161,13 @@ class Engine : public nn::BlockHooks {
 
   // What this rank saves: its owned slice of every block, for the parameters
   // (fp32 masters) and both moments, whatever the stage, so the ranks write
-  // disjoint pieces in parallel. Pointers stay valid until the next step().
+  // disjoint pieces in parallel. Host memory (a copy, for a device without
+  // host memory); waits for the device. Pointers stay valid until the next
+  // step() or state call.
   std::vector<StateSlice> owned_state();
   // What this rank must load to resume, in any stage and world size (full
-  // blocks where the stage keeps full copies). Fill every slice, then call
-  // state_loaded().
+  // blocks where the stage keeps full copies), in host memory. Fill every
+  // slice, then call state_loaded() (which copies them to the device).
   std::vector<StateSlice> state_to_load();
   void state_loaded();
 
@@ -158,6 +176,7 @@ class Engine : public nn::BlockHooks {
   const MemoryStats& memory() const { return memory_; }
   const CommStats& comm_stats() const { return comm_stats_; }
   comm::Communicator& communicator() { return comm_; }
+  nn::Device& device();
 
  private:
   struct Impl;

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "nn/cpu/convert.h"
 #include "sharding/engine_state.h"
 
 namespace dtrain::sharding {
@@ -16,37 +15,34 @@ constexpr std::size_t as_size(std::int64_t n) { return static_cast<std::size_t>(
 }  // namespace
 
 void Engine::Impl::zero_gradients() {
-  std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+  dev_.zero(grads_.data(), grads_.bytes());
   pending_.clear();
   finished_.clear();
+  collectives_this_step_ = 0;
 }
 
 void Engine::Impl::start_micro_batch() {
   // The tied head adds into block 0's gradient before block 0's backward.
   if (options_.stage >= 2 && tied_) {
     drain(grad0_slot_);
-    std::memset(grad_block0_.data(), 0, grad_block0_.size() * sizeof(float));
+    dev_.zero(grad_block0_.data(), grad_block0_.bytes());
   }
 }
 
-void Engine::Impl::track(comm::Work work, const std::uint16_t* staged, float* dst, std::int64_t n) {
-  pending_.push_back(Pending{std::move(work), staged, dst, n});
-}
-
-// Waits for the reduce-scatter that last used `slot` and adds its result (this
-// rank's slice, averaged over ranks) into the block's gradient shard.
+// Queues, behind the reduce-scatter that last used `slot`, the add of its
+// result (this rank's slice, averaged over ranks) into the block's gradient shard.
 void Engine::Impl::drain(Slot& slot) {
   if (slot.block < 0) return;
   const int b = slot.block;
-  slot.work.wait();
+  after(slot.work);
   finished_.push_back(slot.work);
-  const std::int64_t at = static_cast<std::int64_t>(rank_) * shard_[as_size(b)];
+  const std::int64_t n = shard_[as_size(b)];
+  const std::int64_t at = static_cast<std::int64_t>(rank_) * n;
   float* shard = grads_.data() + shard_offset_[as_size(b)];
   if (half_reduce()) {
-    nn::cpu::add_half_to_f32(staging_buffer(b) + at, options_.reduce, shard, shard_[as_size(b)]);
+    dev_.to_f32(staging_buffer(b) + at, options_.reduce, shard, n, /*accumulate=*/true);
   } else {
-    const float* part = gradient_buffer(b) + at;
-    for (std::int64_t i = 0; i < shard_[as_size(b)]; ++i) shard[i] += part[i];
+    dev_.add(shard, gradient_buffer(b) + at, n);
   }
   slot.block = -1;
   slot.work = comm::Work();
@@ -54,9 +50,8 @@ void Engine::Impl::drain(Slot& slot) {
 
 void Engine::Impl::prepare_gradient_slot(int b) {
   if (tied_ && b == 0) return;  // cleared at the start of the micro-batch
-  Slot& slot = gradient_slot(b);
-  drain(slot);
-  std::memset(gradient_buffer(b), 0, as_size(padded_size(numel_[as_size(b)], world_)) * sizeof(float));
+  drain(gradient_slot(b));
+  dev_.zero(gradient_buffer(b), as_size(padded_size(numel_[as_size(b)], world_)) * sizeof(float));
 }
 
 void Engine::Impl::reduce_scatter_block(int b) {
@@ -66,10 +61,11 @@ void Engine::Impl::reduce_scatter_block(int b) {
   slot.block = b;
   if (half_reduce()) {  // 16-bit on the wire: drain() widens this rank's part
     std::uint16_t* staged = staging_buffer(b);
-    nn::cpu::f32_to_half(buffer, options_.reduce, staged, n * world_);
-    slot.work = comm_.reduce_scatter(staged, staged + rank_ * n, as_size(n), options_.reduce, comm::ReduceOp::avg);
+    dev_.to_half(buffer, staged, options_.reduce, n * world_);
+    slot.work = comm_.reduce_scatter(staged, staged + rank_ * n, as_size(n), options_.reduce, comm::ReduceOp::avg,
+                                     ready());
   } else {
-    slot.work = comm_.reduce_scatter(buffer, buffer + rank_ * n, as_size(n), DType::f32, comm::ReduceOp::avg);
+    slot.work = comm_.reduce_scatter(buffer, buffer + rank_ * n, as_size(n), DType::f32, comm::ReduceOp::avg, ready());
   }
   if (pending_.empty()) pending_.push_back(Pending{slot.work});  // the first one: for the overlap check
 }
@@ -83,25 +79,28 @@ void Engine::Impl::reduce_bucket_ending_at(int b) {
     const std::int64_t end = full_offset_[as_size(bucket.hi)] + padded_size(numel_[as_size(bucket.hi)], world_);
     float* grads = grads_.data() + begin;
     if (!half_reduce()) {
-      track(comm_.allreduce(grads, as_size(end - begin), DType::f32, comm::ReduceOp::avg));
+      pending_.push_back({comm_.allreduce(grads, as_size(end - begin), DType::f32, comm::ReduceOp::avg, ready())});
       return;
     }
     std::uint16_t* staged = staging_.data() + begin;
-    nn::cpu::f32_to_half(grads, type, staged, end - begin);
-    track(comm_.allreduce(staged, as_size(end - begin), type, comm::ReduceOp::avg), staged, grads, end - begin);
+    dev_.to_half(grads, staged, type, end - begin);
+    pending_.push_back({comm_.allreduce(staged, as_size(end - begin), type, comm::ReduceOp::avg, ready()), staged,
+                        grads, end - begin});
     return;
   }
   for (int c = bucket.hi; c >= bucket.lo; --c) {
     const std::int64_t n = shard_[as_size(c)];
+    float* grads = full_grads(c);
     if (!half_reduce()) {
-      track(comm_.reduce_scatter(full_grads(c), full_grads(c) + rank_ * n, as_size(n), DType::f32,
-                                 comm::ReduceOp::avg));
+      pending_.push_back(
+          {comm_.reduce_scatter(grads, grads + rank_ * n, as_size(n), DType::f32, comm::ReduceOp::avg, ready())});
       continue;
     }
     std::uint16_t* staged = staging_.data() + full_offset_[as_size(c)];
-    nn::cpu::f32_to_half(full_grads(c), type, staged, n * world_);
-    track(comm_.reduce_scatter(staged, staged + rank_ * n, as_size(n), type, comm::ReduceOp::avg),
-          staged + rank_ * n, full_grads(c) + rank_ * n, n);
+    dev_.to_half(grads, staged, type, n * world_);
+    pending_.push_back({comm_.reduce_scatter(staged, staged + rank_ * n, as_size(n), type, comm::ReduceOp::avg,
+                                             ready()),
+                        staged + rank_ * n, grads + rank_ * n, n});
   }
 }
 
@@ -118,8 +117,8 @@ void Engine::Impl::wait_gradients() {
     return;
   }
   for (Pending& p : pending_) {
-    p.work.wait();
-    if (p.staged != nullptr) nn::cpu::half_to_f32(p.staged, options_.reduce, p.dst, p.n);
+    after(p.work);
+    if (p.staged != nullptr) dev_.to_f32(p.staged, options_.reduce, p.dst, p.n, /*accumulate=*/false);
     finished_.push_back(p.work);
   }
   pending_.clear();
@@ -132,28 +131,50 @@ double Engine::Impl::take_gradient_comm_seconds() {
   return s;
 }
 
-void Engine::Impl::wait_all() {
-  for (Pending& p : pending_) p.work.wait();
+// Every collective still in flight and every queued kernel: they use our
+// buffers. Errors were reported where the work was waited for.
+void Engine::Impl::wait_all() noexcept {
+  auto quietly = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception&) {
+    }
+  };
+  for (Pending& p : pending_) quietly([&] { p.work.wait(); });
+  for (comm::Work& w : unchecked_) quietly([&] { w.wait(); });
   for (Slot* s : {&grad_slots_[0], &grad_slots_[1], &grad0_slot_, &gather_slot_[0], &gather_slot_[1], &gather0_slot_}) {
-    if (s->work.valid()) s->work.wait();
+    if (s->work.valid()) quietly([&] { s->work.wait(); });
   }
+  quietly([&] { dev_.synchronize(); });
 }
 
+// The device sums each block's squares into this rank's total; stages 1-3
+// gather every rank's total (their slices are disjoint) and the host adds
+// them in rank order, so every rank gets the same, deterministic sum. The
+// host waits for the device once, here.
 double Engine::Impl::grad_sum_of_squares() {
-  double local = 0.0;
+  dev_.zero(sum_sq_.data(), sum_sq_.bytes());
   for (int b = 0; b < blocks_; ++b) {
     const Range own = owned_elements(numel_[as_size(b)], world_, rank_);
     if (options_.stage == 0) {
-      local += nn::sum_of_squares(full_grads(b), numel_[as_size(b)]);
+      dev_.sum_of_squares(full_grads(b), numel_[as_size(b)], sum_sq_.data());
     } else if (options_.stage == 1) {
-      local += nn::sum_of_squares(full_grads(b) + own.offset, own.size);
+      dev_.sum_of_squares(full_grads(b) + own.offset, own.size, sum_sq_.data());
     } else {
-      local += nn::sum_of_squares(grads_.data() + shard_offset_[as_size(b)], own.size);
+      dev_.sum_of_squares(grads_.data() + shard_offset_[as_size(b)], own.size, sum_sq_.data());
     }
   }
-  if (options_.stage == 0) return local;  // every rank holds the same averaged gradients
-  float total = static_cast<float>(local);
-  comm_.allreduce(&total, 1, DType::f32, comm::ReduceOp::sum).wait();
+  const int ranks = options_.stage == 0 ? 1 : world_;  // stage 0: every rank holds the same averaged gradients
+  if (ranks > 1) {
+    after(comm_.allgather(sum_sq_.data(), all_sums_.data(), 2, DType::i32, ready()));  // one double each
+    dev_.copy(host_sums_.data(), all_sums_.data(), all_sums_.bytes());
+  } else {
+    dev_.copy(host_sums_.data(), sum_sq_.data(), sizeof(double));
+  }
+  dev_.synchronize();
+  check_collectives();
+  double total = 0.0;
+  for (int r = 0; r < ranks; ++r) total += host_sums_.data()[r];
   return total;
 }
 
@@ -167,8 +188,8 @@ void Engine::Impl::adamw_block(int b, Range range, float* p, const float* g, flo
     const Range overlap = intersect(range, Range{spec.offset, spec.numel});
     if (overlap.size == 0) continue;
     const std::int64_t at = overlap.offset - range.offset;
-    nn::adamw_update(p + at, g + at, m + at, v + at, overlap.size, hyper,
-                     spec.decay ? hyper.weight_decay : 0.0f, step, grad_scale);
+    dev_.adamw(p + at, g + at, m + at, v + at, overlap.size, hyper, spec.decay ? hyper.weight_decay : 0.0f, step,
+               grad_scale);
   }
 }
 
@@ -190,10 +211,10 @@ void Engine::Impl::optimizer_step(const nn::AdamWHyper& hyper, std::int64_t step
     if (own.size > 0) adamw_block(b, own, p, g, m, v, hyper, step, grad_scale);
     if (stage < 3) {
       const std::int64_t n = shard_[bi];
-      gathers.push_back(comm_.allgather(full_params(b) + rank_ * n, full_params(b), as_size(n), DType::f32));
+      gathers.push_back(comm_.allgather(full_params(b) + rank_ * n, full_params(b), as_size(n), DType::f32, ready()));
     }
   }
-  for (auto& w : gathers) w.wait();
+  for (const comm::Work& w : gathers) after(w);
   if (stage == 3) invalidate_gathers();  // the masters changed: gathered copies are stale
   refresh_compute();
 }

@@ -1,4 +1,5 @@
-// Buffers, initialisation and the stage-3 parameter gathers of the engine.
+// Buffers, initialisation, the stage-3 parameter gathers and the state that
+// checkpoints read and write.
 #include "sharding/engine_state.h"
 
 #include <cstring>
@@ -6,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "nn/cpu/convert.h"
 
 namespace dtrain::sharding {
 namespace {
@@ -27,9 +27,11 @@ constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
 
 }  // namespace
 
-Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, EngineOptions options)
+Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, nn::Device& device,
+                   EngineOptions options)
     : layout_(layout),
       comm_(comm),
+      dev_(device),
       options_(options),
       world_(comm.world_size()),
       rank_(comm.rank()),
@@ -47,18 +49,22 @@ Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, 
     max_padded_ = std::max(max_padded_, padded_size(n, world_));
   }
   const int stage = options.stage;
-  params_ = AlignedBuffer<float>(as_size(stage == 3 ? sharded : full));
-  grads_ = AlignedBuffer<float>(as_size(stage >= 2 ? sharded : full));
-  exp_avg_ = AlignedBuffer<float>(as_size(stage == 0 ? full : sharded));
-  exp_avg_sq_ = AlignedBuffer<float>(as_size(stage == 0 ? full : sharded));
+  params_ = Array<float>(dev_, as_size(stage == 3 ? sharded : full));
+  grads_ = Array<float>(dev_, as_size(stage >= 2 ? sharded : full));
+  exp_avg_ = Array<float>(dev_, as_size(stage == 0 ? full : sharded));
+  exp_avg_sq_ = Array<float>(dev_, as_size(stage == 0 ? full : sharded));
+  const std::size_t block0 = tied_ ? as_size(padded_size(numel_[0], world_)) : 0;
   if (stage >= 2) {
-    for (auto& s : grad_slot_) s = AlignedBuffer<float>(as_size(max_padded_));
-    if (tied_) grad_block0_ = AlignedBuffer<float>(as_size(padded_size(numel_[0], world_)));
+    for (auto& s : grad_slot_) s = Array<float>(dev_, as_size(max_padded_));
+    grad_block0_ = Array<float>(dev_, block0);
   }
   if (stage == 3) {
-    for (auto& s : gather_) s = AlignedBuffer<float>(as_size(max_padded_));
-    if (tied_) gather_block0_ = AlignedBuffer<float>(as_size(padded_size(numel_[0], world_)));
+    for (auto& s : gather_) s = Array<float>(dev_, as_size(max_padded_));
+    gather_block0_ = Array<float>(dev_, block0);
   }
+  sum_sq_ = Array<double>(dev_, 1);
+  all_sums_ = Array<double>(dev_, as_size(world_));
+  host_sums_ = nn::HostArray<double>(dev_, as_size(world_));
   allocate_mixed_precision();
   std::vector<std::int64_t> padded;
   for (const std::int64_t n : numel_) padded.push_back(padded_size(n, world_));
@@ -69,16 +75,16 @@ void Engine::Impl::allocate_mixed_precision() {
   const int stage = options_.stage;
   const std::size_t full = stage == 3 ? 0 : as_size(full_offset_.back() + padded_size(numel_.back(), world_));
   const std::size_t block0 = tied_ ? as_size(padded_size(numel_[0], world_)) : 0;
-  using Half = AlignedBuffer<std::uint16_t>;
-  if (half_compute() && stage < 3) compute_ = Half(full);
+  using Half = Array<std::uint16_t>;
+  if (half_compute() && stage < 3) compute_ = Half(dev_, full);
   if (half_compute() && stage == 3) {
-    for (auto& s : compute_slot_) s = Half(as_size(max_padded_));
-    compute_block0_ = Half(block0);
+    for (auto& s : compute_slot_) s = Half(dev_, as_size(max_padded_));
+    compute_block0_ = Half(dev_, block0);
   }
-  if (half_reduce() && stage < 2) staging_ = Half(full);
+  if (half_reduce() && stage < 2) staging_ = Half(dev_, full);
   if (half_reduce() && stage >= 2) {
-    for (auto& s : staging_slot_) s = Half(as_size(max_padded_));
-    staging_block0_ = Half(block0);
+    for (auto& s : staging_slot_) s = Half(dev_, as_size(max_padded_));
+    staging_block0_ = Half(dev_, block0);
   }
 }
 
@@ -103,21 +109,20 @@ void Engine::Impl::refresh_compute() {
     for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) s->converted = -1;
     return;
   }
-  for (int b = 0; b < blocks_; ++b) {
-    nn::cpu::f32_to_half(full_params(b), options_.compute, compute_buffer(b), numel_[as_size(b)]);
-  }
+  for (int b = 0; b < blocks_; ++b) dev_.to_half(full_params(b), compute_buffer(b), options_.compute, numel_[as_size(b)]);
 }
 
 MemoryStats Engine::Impl::memory() const {
   MemoryStats m;
-  m.param_bytes = static_cast<std::int64_t>(params_.size() * sizeof(float));
-  m.grad_bytes = static_cast<std::int64_t>(grads_.size() * sizeof(float));
-  m.optimizer_bytes = static_cast<std::int64_t>((exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float));
-  std::size_t working = gather_block0_.size() + grad_block0_.size();
-  for (int i = 0; i < 2; ++i) working += gather_[i].size() + grad_slot_[i].size();
-  std::size_t half = compute_.size() + compute_block0_.size() + staging_.size() + staging_block0_.size();
-  for (int i = 0; i < 2; ++i) half += compute_slot_[i].size() + staging_slot_[i].size();
-  m.working_bytes = static_cast<std::int64_t>(working * sizeof(float) + half * sizeof(std::uint16_t));
+  m.param_bytes = static_cast<std::int64_t>(params_.bytes());
+  m.grad_bytes = static_cast<std::int64_t>(grads_.bytes());
+  m.optimizer_bytes = static_cast<std::int64_t>(exp_avg_.bytes() + exp_avg_sq_.bytes());
+  std::size_t working = gather_block0_.bytes() + grad_block0_.bytes() + compute_.bytes() + compute_block0_.bytes() +
+                        staging_.bytes() + staging_block0_.bytes();
+  for (int i = 0; i < 2; ++i) {
+    working += gather_[i].bytes() + grad_slot_[i].bytes() + compute_slot_[i].bytes() + staging_slot_[i].bytes();
+  }
+  m.working_bytes = static_cast<std::int64_t>(working);
   return m;
 }
 
@@ -131,9 +136,9 @@ float* Engine::Impl::gradient_buffer(int b) {
   return grad_slot_[b % 2].data();
 }
 
-Engine::Impl::Slot& Engine::Impl::gradient_slot(int b) {
-  return tied_ && b == 0 ? grad0_slot_ : grad_slots_[b % 2];
-}
+Engine::Impl::Slot& Engine::Impl::gradient_slot(int b) { return tied_ && b == 0 ? grad0_slot_ : grad_slots_[b % 2]; }
+
+Engine::Impl::Slot& Engine::Impl::gather_slot(int b) { return tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2]; }
 
 nn::BlockPointers Engine::Impl::pointers() const {
   auto* self = const_cast<Impl*>(this);
@@ -146,36 +151,67 @@ nn::BlockPointers Engine::Impl::pointers() const {
   return p;
 }
 
+FencePtr Engine::Impl::ready() {
+  const bool skip = collectives_this_step_++ == options_.testonly_unfenced_collective;
+  return skip ? nullptr : dev_.fence();
+}
+
+void Engine::Impl::after(const comm::Work& work) {
+  dev_.wait(work.done_fence());
+  unchecked_.push_back(work);
+}
+
+void Engine::Impl::check_collectives() {
+  for (comm::Work& w : unchecked_) w.wait();
+  unchecked_.clear();
+}
+
 // Every rank initialises identically (values depend on seed and parameter
-// index only); stages 0-2 still broadcast rank 0's parameters, and every
-// stage compares checksums so a divergent rank is caught before step 1.
+// index only, computed on the host block by block); stages 0-2 still
+// broadcast rank 0's parameters, and every stage compares checksums so a
+// divergent rank is caught before step 1.
 void Engine::Impl::initialise_parameters(std::uint64_t seed) {
   const auto& specs = layout_.params();
   std::uint64_t checksum = kFnvBasis;
-  AlignedBuffer<float> scratch(options_.stage == 3 ? as_size(max_padded_) : 0);
+  AlignedBuffer<float> block(as_size(max_padded_));
   for (int b = 0; b < blocks_; ++b) {
-    float* block = options_.stage == 3 ? scratch.data() : full_params(b);
     const auto& spec = layout_.blocks()[as_size(b)];
     for (int i = spec.first_param; i < spec.first_param + spec.num_params; ++i) {
-      nn::init_parameter(specs[as_size(i)], i, seed, block + specs[as_size(i)].offset);
+      nn::init_parameter(specs[as_size(i)], i, seed, block.data() + specs[as_size(i)].offset);
     }
+    const std::size_t n = as_size(numel_[as_size(b)]);
     if (options_.stage == 3) {
       const Range own = owned_elements(numel_[as_size(b)], world_, rank_);
-      std::memcpy(params_.data() + shard_offset_[as_size(b)], block + own.offset, as_size(own.size) * sizeof(float));
-      checksum = fnv1a(block, numel_[as_size(b)], checksum);
+      dev_.copy(params_.data() + shard_offset_[as_size(b)], block.data() + own.offset, as_size(own.size) * sizeof(float));
+      checksum = fnv1a(block.data(), numel_[as_size(b)], checksum);
+    } else {
+      dev_.copy(full_params(b), block.data(), n * sizeof(float));
     }
+    dev_.synchronize();  // `block` is refilled next
   }
   if (options_.stage < 3) {
-    comm_.broadcast(params_.data(), params_.size(), DType::f32, 0).wait();
-    checksum = fnv1a(params_.data(), static_cast<std::int64_t>(params_.size()), checksum);
+    after(comm_.broadcast(params_.data(), params_.size(), DType::f32, 0, dev_.fence()));
+    AlignedBuffer<float> all(params_.size());
+    dev_.copy(all.data(), params_.data(), params_.bytes());
+    dev_.synchronize();
+    check_collectives();
+    checksum = fnv1a(all.data(), static_cast<std::int64_t>(all.size()), checksum);
   }
   check_identical(checksum);
   refresh_compute();
 }
 
 void Engine::Impl::check_identical(std::uint64_t checksum) {
+  // Through device memory: the communicator moves the device's buffers.
+  static_assert(sizeof(double) == sizeof(std::uint64_t));
+  std::memcpy(host_sums_.data(), &checksum, sizeof checksum);
+  dev_.copy(sum_sq_.data(), host_sums_.data(), sizeof checksum);
+  after(comm_.allgather(sum_sq_.data(), all_sums_.data(), 2, DType::i32, dev_.fence()));
+  dev_.copy(host_sums_.data(), all_sums_.data(), all_sums_.bytes());
+  dev_.synchronize();
+  check_collectives();
   std::vector<std::uint64_t> all(as_size(world_));
-  comm_.allgather(&checksum, all.data(), 2, DType::i32).wait();
+  std::memcpy(all.data(), host_sums_.data(), all.size() * sizeof(std::uint64_t));
   for (int r = 0; r < world_; ++r) {
     if (all[as_size(r)] != all[0]) {
       throw CommError(fmt::format(
@@ -187,22 +223,24 @@ void Engine::Impl::check_identical(std::uint64_t checksum) {
 }
 
 void Engine::Impl::launch_gather(int b) {
-  Slot& slot = tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2];
+  Slot& slot = gather_slot(b);
   if (slot.block == b) return;  // already there or on its way
   slot.block = b;
   slot.converted = -1;
+  // The fence covers the kernels still reading the slot's previous block.
   slot.work = comm_.allgather(params_.data() + shard_offset_[as_size(b)], gather_buffer(b),
-                              as_size(shard_[as_size(b)]), DType::f32);
+                              as_size(shard_[as_size(b)]), DType::f32, ready());
+  unchecked_.push_back(slot.work);
 }
 
 void Engine::Impl::gather_for(int b, int direction) {
   launch_gather(b);
   const int next = b + direction;
   if (next >= 0 && next < blocks_) launch_gather(next);  // overlaps block b's compute
-  Slot& slot = tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2];
-  slot.work.wait();
+  Slot& slot = gather_slot(b);
+  after(slot.work);
   if (half_compute() && slot.converted != b) {  // the gathered block is what gets converted
-    nn::cpu::f32_to_half(gather_buffer(b), options_.compute, compute_buffer(b), numel_[as_size(b)]);
+    dev_.to_half(gather_buffer(b), compute_buffer(b), options_.compute, numel_[as_size(b)]);
     slot.converted = b;
   }
 }
@@ -211,17 +249,17 @@ std::vector<float> Engine::Impl::gather_parameters() {
   std::vector<float> out(as_size(layout_.total_numel()));
   std::int64_t at = 0;
   for (int b = 0; b < blocks_; ++b) {
-    const float* block = nullptr;
+    const float* block = full_params(b);
     if (options_.stage == 3) {
       launch_gather(b);
-      (tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2]).work.wait();
+      after(gather_slot(b).work);
       block = gather_buffer(b);
-    } else {
-      block = full_params(b);
     }
-    std::memcpy(out.data() + at, block, as_size(numel_[as_size(b)]) * sizeof(float));
+    dev_.copy(out.data() + at, block, as_size(numel_[as_size(b)]) * sizeof(float));
+    dev_.synchronize();  // before the slot is gathered into again
     at += numel_[as_size(b)];
   }
+  check_collectives();
   return out;
 }
 
@@ -229,7 +267,7 @@ std::vector<float> Engine::Impl::gather_parameters() {
 // owned elements (saving); otherwise whatever this stage keeps (loading):
 // stage 0 everything, stages 1-2 full parameters and owned moments, stage 3
 // owned parameters and moments.
-std::vector<StateSlice> Engine::Impl::state_slices(bool owned_only) {
+std::vector<StateSlice> Engine::Impl::device_slices(bool owned_only) {
   std::vector<StateSlice> out;
   const int stage = options_.stage;
   for (int b = 0; b < blocks_; ++b) {
@@ -238,16 +276,45 @@ std::vector<StateSlice> Engine::Impl::state_slices(bool owned_only) {
     const Range all{0, numel_[bi]};
     const bool full_params = stage < 3 && !owned_only;
     const bool full_moments = stage == 0 && !owned_only;
-    float* p = stage == 3 ? params_.data() + shard_offset_[bi] : full_params_ptr(b, full_params ? 0 : own.offset);
-    float* m = stage == 0 ? exp_avg_.data() + full_offset_[bi] + (full_moments ? 0 : own.offset)
-                          : exp_avg_.data() + shard_offset_[bi];
-    float* v = stage == 0 ? exp_avg_sq_.data() + full_offset_[bi] + (full_moments ? 0 : own.offset)
-                          : exp_avg_sq_.data() + shard_offset_[bi];
+    float* p = stage == 3 ? params_.data() + shard_offset_[bi] : this->full_params(b) + (full_params ? 0 : own.offset);
+    const std::int64_t moments_at = stage == 0 ? full_offset_[bi] + (full_moments ? 0 : own.offset) : shard_offset_[bi];
     out.push_back({"params", b, full_params ? all : own, p});
-    out.push_back({"exp_avg", b, full_moments ? all : own, m});
-    out.push_back({"exp_avg_sq", b, full_moments ? all : own, v});
+    out.push_back({"exp_avg", b, full_moments ? all : own, exp_avg_.data() + moments_at});
+    out.push_back({"exp_avg_sq", b, full_moments ? all : own, exp_avg_sq_.data() + moments_at});
   }
   return out;
+}
+
+// On a device without host memory the slices point into a host copy: filled
+// from the device for a save, copied to the device by upload_loaded_state()
+// after a load.
+std::vector<StateSlice> Engine::Impl::state_slices(bool owned_only) {
+  std::vector<StateSlice> slices = device_slices(owned_only);
+  transfers_.clear();
+  if (!dev_.host_memory()) {
+    std::size_t total = 0;
+    for (const StateSlice& s : slices) total += as_size(s.range.size);
+    if (host_state_.size() < total) host_state_ = AlignedBuffer<float>(total);
+    std::size_t at = 0;
+    for (StateSlice& s : slices) {
+      float* host = host_state_.data() + at;
+      transfers_.push_back({s.data, host, s.range.size});
+      if (owned_only && s.range.size > 0) dev_.copy(host, s.data, as_size(s.range.size) * sizeof(float));
+      s.data = host;
+      at += as_size(s.range.size);
+    }
+  }
+  dev_.synchronize();  // the device is done with the state (and, saving, with the copy)
+  check_collectives();
+  return slices;
+}
+
+void Engine::Impl::upload_loaded_state() {
+  for (const Transfer& t : transfers_) {
+    if (t.n > 0) dev_.copy(t.device, t.host, as_size(t.n) * sizeof(float));
+  }
+  transfers_.clear();
+  dev_.synchronize();  // the host copy may change once we return
 }
 
 void Engine::Impl::invalidate_gathers() {

@@ -146,6 +146,9 @@ int main(int argc, char** argv) {
     }
     dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
                                                        .device_comm = device_comm,
+                                                       .cuda_device = config.device() == "cuda"
+                                                                          ? dtrain::comm::cuda_device_for(env)
+                                                                          : 0,
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(slow_rank, env.rank)});

@@ -1,8 +1,11 @@
-// Trainer: one rank's training loop. Builds the model, its flat parameter
-// buffers and the data loaders from a resolved config, then runs optimizer
+// Trainer: one rank's training loop. Builds the device, the model, the
+// data-parallel engine that owns its flat parameter buffers and the data
+// loaders from a resolved config (trainer_setup.cpp), then runs optimizer
 // steps (gradient accumulation, clipping, AdamW, LR schedule), evaluation,
-// progress lines and metrics.jsonl. Everything the hot loop touches is
-// allocated in the constructor; steps reuse it.
+// progress lines and metrics.jsonl (trainer.cpp). One step loop serves every
+// device: the model and the engine queue their work on it, and the host
+// waits once per step, for the gradient norm and the loss. Everything the
+// hot loop touches is allocated in the constructor; steps reuse it.
 // One thread drives a Trainer.
 #pragma once
 
@@ -14,6 +17,7 @@
 #include <optional>
 
 #include "comm/communicator.h"
+#include "data/datasets.h"
 #include "data/loader.h"
 #include "nn/schedule.h"
 #include "nn/transformer.h"
@@ -25,7 +29,6 @@
 namespace dtrain::worker {
 
 struct StepResult;
-class CudaStep;
 class Heartbeat;
 class LiveMetrics;
 class Tracer;
@@ -34,14 +37,20 @@ struct TrainerOptions {
   bool write_outputs = true;    // out_dir/config.json and metrics.jsonl (rank 0 only)
   std::ostream* console = nullptr;  // progress lines (rank 0 only); null = silent
   // The ranks this trainer trains with; null: a single process (the trainer
-  // makes a world of one). Must outlive the Trainer. With device cuda it
-  // carries only host-side collectives (initialisation check, loss,
-  // checkpoints) and must be a CPU backend, except that a world of one may
-  // pass its nccl communicator here (it then carries the gradients).
+  // makes a world of one). With device cuda it carries only host-side
+  // collectives (loss, stop flags, checkpoints) and must be a CPU backend,
+  // except that a world of one may pass its nccl communicator here (it then
+  // carries the engine's collectives only).
   std::shared_ptr<comm::Communicator> comm;
-  // device cuda: the nccl communicator the gradients travel on, over the same
-  // ranks as `comm` (required for more than one rank). Must outlive the Trainer.
+  // device cuda: the nccl communicator the engine's collectives (gradients,
+  // parameters) travel on, over the same ranks as `comm`; null for one rank
+  // makes a world of one. Must outlive the Trainer.
   std::shared_ptr<comm::Communicator> device_comm = nullptr;
+  // Where the model and its state live; null: the device the config names
+  // (tests pass a queued host device here).
+  std::shared_ptr<nn::Device> device = nullptr;
+  // device cuda: which of the visible GPUs (comm::cuda_device_for).
+  int cuda_device = 0;
   // Where checkpoint files go (null: the file system); tests inject faults here.
   checkpoint::Env* checkpoint_env = nullptr;
   // Called by run() on every rank after each step, before any checkpoint of it.
@@ -56,6 +65,8 @@ struct TrainerOptions {
   // TEST ONLY (dtrain-worker --testonly-slow-rank): sleep this many
   // milliseconds in every step's compute, to make this rank a straggler.
   int testonly_slow_ms = 0;
+  // TEST ONLY: sharding::EngineOptions::testonly_unfenced_collective.
+  int testonly_unfenced_collective = -1;
 };
 
 struct StepResult {
@@ -103,12 +114,11 @@ class Trainer {
 
   const nn::ModelConfig& model() const { return model_config_; }
   const nn::ParameterLayout& layout() const { return layout_; }
-  // With device cuda the host engine is the state's copy for checkpoints: it
-  // holds the training state as of the last save or resume, not the current one.
   sharding::Engine& engine() { return *engine_; }
-  // Whether steps run on the GPU (device cuda).
-  bool on_device() const { return cuda_ != nullptr; }
-  // device cuda: device memory held by the GPU model and engine (0 on the CPU path).
+  nn::Device& device() { return *device_; }
+  // Whether steps run where the host cannot reach the memory (a GPU).
+  bool on_device() const { return !device_->host_memory(); }
+  // Device memory held by the model and the engine (0 when it is host memory).
   std::int64_t device_bytes() const;
   comm::Communicator& communicator() { return *comm_; }
   // Tokens of one optimizer step over all ranks.
@@ -132,6 +142,13 @@ class Trainer {
   std::optional<std::filesystem::path> trace_file() const;
 
  private:
+  // Set-up (trainer_setup.cpp), in the order the constructor runs them.
+  void connect_device(const std::shared_ptr<comm::Communicator>& device_comm);
+  void build_engine_and_model(std::int64_t seq);
+  void resume_checkpoint();
+  void make_loaders(const data::DatasetPair& datasets);
+  void open_outputs();
+
   bool checkpoint_after(const StepResult& r);  // whether it saved (or started a save)
   void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed);
   void log_eval(const EvalResult& e);
@@ -140,8 +157,7 @@ class Trainer {
   nn::BlockHooks& hooks();
   // Figures of a step for /metrics and the trace's checkpoint span.
   void record_live(const StepResult& r, double compute_s, double data_wait_s);
-  // One step's compute: micro-batches, gradient sync, clipping and AdamW, on
-  // the CPU (model_ and engine_) or on the GPU (cuda_).
+  // One step's compute on this rank: micro-batches, gradient sync, clipping and AdamW.
   struct LocalStep {
     float loss = 0.0f;  // mean over the micro-batches, this rank
     float lr = 0.0f;
@@ -150,21 +166,19 @@ class Trainer {
     double data_wait_s = 0.0;
   };
   nn::ModelInputs next_micro_batch(int micro, double& data_wait);
-  LocalStep host_step(Clock::time_point t0);
-  LocalStep device_step(Clock::time_point t0);
-  void start_device(const std::shared_ptr<comm::Communicator>& device_comm);
+  LocalStep compute_step(Clock::time_point t0);
 
   config::Config config_;
   TrainerOptions options_;
   nn::ModelConfig model_config_;
   nn::ParameterLayout layout_;
-  std::shared_ptr<comm::Communicator> comm_;
+  std::shared_ptr<comm::Communicator> comm_;       // host-side collectives
+  std::shared_ptr<comm::Communicator> data_comm_;  // the engine's: where the device's memory is
+  std::shared_ptr<nn::Device> device_;             // outlives the engine and the model
   std::unique_ptr<sharding::Engine> engine_;
+  std::unique_ptr<nn::Model> model_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::optional<ResumePoint> resumed_;
-  std::unique_ptr<nn::Transformer> model_;  // the CPU model (device cpu)
-  std::shared_ptr<comm::Communicator> device_comm_;  // device cuda: the gradients' nccl communicator
-  std::unique_ptr<CudaStep> cuda_;          // the GPU model and engine (device cuda); before engine_ dies
   std::int64_t batch_ = 0, seq_ = 0;        // micro-batch rows, sequence length
   std::unique_ptr<data::Loader> train_loader_;
   std::unique_ptr<data::Loader> val_loader_;

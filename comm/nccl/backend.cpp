@@ -75,13 +75,15 @@ class NcclBackend : public Backend {
   }
 
   const char* name() const override { return "nccl"; }
+  bool runs_on_device() const override { return true; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
 
   void run(const Op& op) override {
     DTRAIN_CUDA_CHECK(cudaSetDevice(device_));
-    if (op.ready_event != nullptr) {  // ordered after the producer's kernels on the GPU, not on the host
-      DTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(op.ready_event)), 0));
+    const void* ready = op.ready != nullptr ? op.ready->cuda_event() : nullptr;
+    if (ready != nullptr) {  // ordered after the producer's kernels on the GPU, not on the host
+      DTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(ready)), 0));
     }
     const ncclDataType_t type = nccl_type(op.dtype);
     switch (op.kind) {

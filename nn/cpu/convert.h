@@ -13,15 +13,27 @@
 
 namespace dtrain::nn::cpu {
 
-// The two 16-bit formats as load/store policies, for kernels templated on them.
+// The storage formats as load/store policies, for kernels templated on them:
+// T is the element type in memory, load/store convert to and from f32 (f32
+// itself: the identity). Kernels written once over a format serve f32 and
+// both 16-bit types.
+struct F32Format {
+  static constexpr DType kDType = DType::f32;
+  using T = float;
+  static float load(float f) { return f; }
+  static float store(float f) { return f; }
+};
+
 struct Bf16Format {
   static constexpr DType kDType = DType::bf16;
+  using T = std::uint16_t;
   static float load(std::uint16_t h) { return bf16_to_f32(h); }
   static std::uint16_t store(float f) { return f32_to_bf16(f); }
 };
 
 struct F16Format {
   static constexpr DType kDType = DType::f16;
+  using T = std::uint16_t;
   static float load(std::uint16_t h) { return f16_to_f32(h); }
   static std::uint16_t store(float f) { return f32_to_f16(f); }
 };
@@ -34,6 +46,9 @@ decltype(auto) with_half_format(DType dtype, Fn&& fn) {
   DTRAIN_CHECK(dtype == DType::f16, "{} is not a 16-bit float type", dtype_name(dtype));
   return fn(F16Format{});
 }
+
+// Instantiates a template for each storage format: X(F32Format) X(Bf16Format) X(F16Format).
+#define DTRAIN_FOR_EACH_FORMAT(X) X(::dtrain::nn::cpu::F32Format) X(::dtrain::nn::cpu::Bf16Format) X(::dtrain::nn::cpu::F16Format)
 
 // dst[i] = round(src[i]) in `dtype` (bf16 or f16), n elements.
 void f32_to_half(const float* src, DType dtype, std::uint16_t* dst, std::int64_t n);

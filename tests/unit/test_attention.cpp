@@ -46,8 +46,11 @@ struct AttentionCase {
     d_probs.resize(pr);
     d_qkv.resize(3 * head);
   }
-  AttentionSaved saved() { return {q.data(), k.data(), v.data(), probs.data()}; }
-  AttentionScratch scratch() { return {d_out.data(), d_probs.data(), dq.data(), dk.data(), dv.data()}; }
+  AttentionSaved<float> saved() { return {q.data(), k.data(), v.data(), probs.data()}; }
+  // Scores and dS share d_probs (f32 storage runs softmax's backward in place).
+  AttentionScratch<float> scratch() {
+    return {d_probs.data(), d_out.data(), d_probs.data(), dq.data(), dk.data(), dv.data()};
+  }
   double loss() {
     attention_forward(shape, qkv.data(), out.data(), saved(), scratch());
     return dot(out.data(), r.data(), shape.head_elems());

@@ -13,7 +13,6 @@
 
 #include "core/dtype.h"
 #include "nn/attention.h"
-#include "nn/attention_half.h"
 #include "nn/cpu/convert.h"
 #include "nn/cpu/matmul.h"
 #include "nn/gelu.h"
@@ -95,8 +94,9 @@ TEST_P(MixedPrecisionLayer, LayerNormIsTheRoundedF32Result) {
   std::vector<float> y(n * c), mean(n), rstd(n), mean16(n), rstd16(n);
   layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), n, c);
   Half y16(n * c);
-  layernorm_forward_half(x.data(), w.data(), b.data(), y16.data(), t, mean16.data(), rstd16.data(),
-                         n, c);
+  cpu::with_half_format(t, [&](auto f) {
+    layernorm_forward<decltype(f)>(x.data(), w.data(), b.data(), y16.data(), mean16.data(), rstd16.data(), n, c);
+  });
   EXPECT_EQ(y16, narrow(y, t));
   EXPECT_EQ(mean16, mean);
   EXPECT_EQ(rstd16, rstd);
@@ -110,7 +110,9 @@ TEST_P(MixedPrecisionLayer, GeluForwardAndBackwardRoundOnce) {
   std::vector<float> y(n), dydx(n);
   gelu_forward(x.data(), y.data(), dydx.data(), n);
   Half y16(n), d16(x16);
-  gelu_forward_half(t, d16.data(), y16.data(), d16.data(), n);  // derivative over x, in place
+  cpu::with_half_format(t, [&](auto f) {  // derivative over x, in place
+    gelu_forward<decltype(f)>(d16.data(), y16.data(), d16.data(), n);
+  });
   EXPECT_EQ(y16, narrow(y, t));
   EXPECT_EQ(d16, narrow(dydx, t));
   const Half dy16 = narrow(random(n, 8), t);
@@ -118,7 +120,7 @@ TEST_P(MixedPrecisionLayer, GeluForwardAndBackwardRoundOnce) {
   const std::vector<float> dy = widen(dy16, t), dydx_rounded = widen(d16, t);
   gelu_backward(dy.data(), dydx_rounded.data(), dx.data(), n);
   Half g16(dy16);
-  gelu_backward_half(t, g16.data(), d16.data(), n);
+  cpu::with_half_format(t, [&](auto f) { gelu_backward<decltype(f)>(g16.data(), d16.data(), g16.data(), n); });
   EXPECT_EQ(g16, narrow(dx, t));
 }
 
@@ -132,17 +134,20 @@ TEST_P(MixedPrecisionLayer, LinearForwardAndBackwardMatchF32) {
   linear_backward(dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), n, in, out);
   const Half x16 = narrow(x, t), w16 = narrow(w, t), dy16 = narrow(dy, t);
   std::vector<float> y32(n * out), dx32(n * in), dw32(out * in, 0.0f), db32(out, 0.0f);
-  linear_forward_half(t, x16.data(), w16.data(), b.data(), y32.data(), DType::f32, n, in, out);
-  linear_backward_half(t, dy16.data(), dy.data(), x16.data(), w16.data(), dx32.data(), DType::f32,
-                       dw32.data(), db32.data(), n, in, out);
+  std::vector<float> db16(out, 0.0f);
+  std::vector<float> dw2(out * in, 0.0f);
+  cpu::with_half_format(t, [&](auto f) {
+    using F = decltype(f);
+    linear_forward<F, cpu::F32Format>(x16.data(), w16.data(), b.data(), y32.data(), n, in, out);
+    linear_backward<F, cpu::F32Format>(dy16.data(), x16.data(), w16.data(), dx32.data(), dw32.data(), db32.data(),
+                                       n, in, out, false, dy.data());
+    linear_backward<F, cpu::F32Format>(dy16.data(), x16.data(), w16.data(), nullptr, dw2.data(), db16.data(), n,
+                                       in, out);
+  });
   EXPECT_LT(rel_error(y32, y), layer_tolerance(t));
   EXPECT_LT(rel_error(dx32, dx), layer_tolerance(t));
   EXPECT_LT(rel_error(dw32, dw), layer_tolerance(t));
   EXPECT_LT(rel_error(db32, db), 1e-6);  // from the f32 gradient
-  std::vector<float> db16(out, 0.0f);
-  std::vector<float> dw2(out * in, 0.0f);
-  linear_backward_half(t, dy16.data(), nullptr, x16.data(), w16.data(), nullptr, DType::f32,
-                       dw2.data(), db16.data(), n, in, out);
   EXPECT_LT(rel_error(db16, db), layer_tolerance(t));
 }
 
@@ -156,20 +161,22 @@ TEST_P(MixedPrecisionLayer, AttentionForwardAndBackwardMatchF32) {
     const auto pe = static_cast<std::size_t>(s.prob_elems());
     std::vector<float> q(he), k(he), v(he), p(pe), o(rows * d), d_qkv(rows * 3 * d);
     std::vector<float> s_out(he), s_dp(pe), s_dq(he), s_dk(he), s_dv(he);
-    const AttentionSaved saved{q.data(), k.data(), v.data(), p.data()};
-    const AttentionScratch scratch{s_out.data(), s_dp.data(), s_dq.data(), s_dk.data(), s_dv.data()};
+    const AttentionSaved<float> saved{q.data(), k.data(), v.data(), p.data()};
+    const AttentionScratch<float> scratch{s_dp.data(), s_out.data(), s_dp.data(), s_dq.data(), s_dk.data(), s_dv.data()};
     attention_forward(s, qkv.data(), o.data(), saved, scratch);
     attention_backward(s, d_out.data(), d_qkv.data(), saved, scratch);
 
     Half q16(he), k16(he), v16(he), p16(pe), o16(rows * d), dqkv16(rows * 3 * d);
     Half heads(he), ds(pe), dq(he), dk(he), dv(he);
     std::vector<float> scores(pe);
-    const AttentionSavedHalf saved16{q16.data(), k16.data(), v16.data(), p16.data()};
-    const AttentionScratchHalf scratch16{scores.data(), heads.data(), ds.data(),
-                                         dq.data(),     dk.data(),    dv.data()};
+    const AttentionSaved<std::uint16_t> saved16{q16.data(), k16.data(), v16.data(), p16.data()};
+    const AttentionScratch<std::uint16_t> scratch16{scores.data(), heads.data(), ds.data(),
+                                                    dq.data(),     dk.data(),    dv.data()};
     const Half qkv16 = narrow(qkv, t), d_out16 = narrow(d_out, t);
-    attention_forward_half(s, t, qkv16.data(), o16.data(), saved16, scratch16);
-    attention_backward_half(s, t, d_out16.data(), dqkv16.data(), saved16, scratch16);
+    cpu::with_half_format(t, [&](auto f) {
+      attention_forward<decltype(f)>(s, qkv16.data(), o16.data(), saved16, scratch16);
+      attention_backward<decltype(f)>(s, d_out16.data(), dqkv16.data(), saved16, scratch16);
+    });
     EXPECT_LT(rel_error(widen(p16, t), p), layer_tolerance(t)) << "causal " << causal;
     EXPECT_LT(rel_error(widen(o16, t), o), layer_tolerance(t)) << "causal " << causal;
     EXPECT_LT(rel_error(widen(dqkv16, t), d_qkv), layer_tolerance(t)) << "causal " << causal;

@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "nn/adamw.h"
+#include "nn/cpu/host_device.h"
 #include "nn/parameters.h"
 #include "unit/gradient_check.h"
 
@@ -63,14 +64,15 @@ struct Harness {
   ModelConfig config;
   ParameterLayout layout;
   ParameterStore store;
-  Transformer model;
+  cpu::HostDevice device;
+  std::unique_ptr<Model> model;
   BlockHooks no_hooks;
   std::vector<std::int32_t> tokens, targets;
   std::vector<float> patches;
 
   Harness(const ModelConfig& c, std::int64_t batch, std::int64_t seq, std::uint64_t seed = 1)
-      : config(c), layout(declare_parameters(c)), store(layout, seed), model(c, layout, batch, seq) {
-    model.bind(store.pointers());
+      : config(c), layout(declare_parameters(c)), store(layout, seed), model(device.make_model(c, layout, batch, seq)) {
+    model->bind(store.pointers());
     std::mt19937 rng(static_cast<std::uint32_t>(seed) + 100);
     std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(c.vocab_size) - 1);
     std::uniform_int_distribution<std::int32_t> cls(0, static_cast<std::int32_t>(c.outputs()) - 1);
@@ -89,13 +91,13 @@ struct Harness {
                        patches.empty() ? nullptr : patches.data(), targets.data()};
   }
   ForwardResult forward(const StepKey& key = {}, bool training = true) {
-    return model.forward(inputs(), no_hooks, training, key);
+    return forward_once(*model, inputs(), no_hooks, training, key);
   }
   // Fresh gradients of one micro-batch.
   std::vector<float> gradients(const StepKey& key = {}, float grad_scale = 1.0f) {
     store.zero_grads();
     forward(key);
-    model.backward(no_hooks, grad_scale);
+    model->backward(no_hooks, grad_scale);
     return {store.grads().begin(), store.grads().end()};
   }
   float* param(const ParamSpec& p) { return store.params().data() + layout.block_offset(p.block) + p.offset; }
@@ -294,8 +296,8 @@ TEST_P(TinyModel, HooksRunAroundEveryBlockInOrder) {
   Harness h(c.config, c.batch, c.seq);
   RecordingHooks hooks(h, false);
   h.store.zero_grads();
-  h.model.forward(h.inputs(), hooks, true, {});
-  h.model.backward(hooks, 1.0f);
+  h.model->forward(h.inputs(), hooks, true, {});
+  h.model->backward(hooks, 1.0f);
   std::vector<std::pair<std::string, int>> expect;
   const int blocks = h.layout.num_blocks();
   for (int b = 0; b < blocks; ++b) {
@@ -323,14 +325,14 @@ TEST_P(TinyModel, BlocksTouchOnlyTheirOwnParametersBetweenHooks) {
   const float reference_loss = h.forward().loss;
   RecordingHooks hooks(h, true);
   h.store.zero_grads();
-  const ForwardResult r = h.model.forward(h.inputs(), hooks, true, {});
+  const ForwardResult r = forward_once(*h.model, h.inputs(), hooks, true, {});
   if (c.config.tie_embeddings) {
     EXPECT_FALSE(std::isfinite(r.loss)) << "the tied head should read block 0's tok_emb";
     hooks.restore_all();
     return;
   }
   EXPECT_EQ(r.loss, reference_loss) << "a block read parameters outside its hooks";
-  h.model.backward(hooks, 1.0f);
+  h.model->backward(hooks, 1.0f);
   EXPECT_TRUE(hooks.untouched_before_);
   for (int b = 0; b < h.layout.num_blocks(); ++b) {
     const auto g = hooks.grads(b);
@@ -366,7 +368,7 @@ TEST_P(TinyModel, GradScaleScalesAndBackwardAccumulates) {
   h.store.zero_grads();
   for (int micro = 0; micro < 2; ++micro) {
     h.forward();
-    h.model.backward(h.no_hooks, 1.0f);
+    h.model->backward(h.no_hooks, 1.0f);
   }
   const double max_abs = *std::max_element(full.begin(), full.end(), [](float a, float b) {
     return std::fabs(a) < std::fabs(b);
@@ -386,7 +388,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, TinyModel, ::testing::ValuesIn(tiny_cases()),
 float train_step(Harness& h, const AdamWHyper& hyper, std::int64_t step) {
   h.store.zero_grads();
   const float loss = h.forward({7, step, 0}).loss;
-  h.model.backward(h.no_hooks, 1.0f);
+  h.model->backward(h.no_hooks, 1.0f);
   h.adamw(hyper, step + 1);
   return loss;
 }

@@ -1,0 +1,125 @@
+// nn::cpu::HostKernels<F>: the kernel set nn::Graph runs on a HostDevice
+// (nn/graph.h lists what a kernel set provides): each call is the CPU
+// function of nn/ of the same name, run inline or queued by the device. F is
+// the storage format of matmul operands and saved activations
+// (F32Format, Bf16Format, F16Format; nn/cpu/convert.h).
+#pragma once
+
+#include <type_traits>
+
+#include "nn/attention.h"
+#include "nn/cpu/convert.h"
+#include "nn/cpu/host_device.h"
+#include "nn/cross_entropy.h"
+#include "nn/dropout.h"
+#include "nn/embedding.h"
+#include "nn/gelu.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+
+namespace dtrain::nn::cpu {
+
+template <class F>
+class HostKernels {
+ public:
+  using T = typename F::T;
+  static constexpr DType kCompute = F::kDType;
+
+  explicit HostKernels(HostDevice& device) : dev_(&device) {}
+
+  template <class E>
+  void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
+                         std::int64_t n, std::int64_t c) {
+    dev_->run([=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c); });
+  }
+  void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                          float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx) {
+    dev_->run([=] { nn::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx); });
+  }
+
+  template <class X, class Y>
+  void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,
+                      std::int64_t out, bool accumulate) {
+    dev_->run([=] { nn::linear_forward<Fmt<X>, Fmt<Y>>(x, w, b, y, n, in, out, accumulate); });
+  }
+  template <class X, class D>
+  void linear_backward(const X* dy, const float* dy_f32, const X* x, const X* w, D* dx, float* dw, float* db,
+                       std::int64_t n, std::int64_t in, std::int64_t out) {
+    dev_->run([=] { nn::linear_backward<Fmt<X>, Fmt<D>>(dy, x, w, dx, dw, db, n, in, out, false, dy_f32); });
+  }
+
+  void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
+                         const AttentionScratch<T>& scratch) {
+    dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved, scratch); });
+  }
+  void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
+                          const AttentionScratch<T>& scratch) {
+    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved, scratch); });
+  }
+
+  void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
+    dev_->run([=] { nn::gelu_forward<F>(x, y, dydx, n); });
+  }
+  void gelu_backward(const T* dy, const T* dydx, T* dx, std::int64_t n) {
+    dev_->run([=] { nn::gelu_backward<F>(dy, dydx, dx, n); });
+  }
+  void to_storage(const float* x, T* y, std::int64_t n) {
+    dev_->run([=] {
+      for (std::int64_t i = 0; i < n; ++i) y[i] = F::store(x[i]);
+    });
+  }
+
+  void dropout(float* x, std::int64_t n, float p, std::uint64_t key) {
+    dev_->run([=] { dropout_apply(x, n, p, key); });
+  }
+  void residual(const float* x, const float* branch, float* out, std::int64_t n) {
+    dev_->run([=] {
+      for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] + branch[i];
+    });
+  }
+
+  void token_embedding_forward(const std::int32_t* tokens, const float* table, const float* pos, float* out,
+                               std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t vocab) {
+    dev_->run([=] { nn::token_embedding_forward(tokens, table, pos, out, batch, seq, d, vocab); });
+  }
+  void token_embedding_backward(const std::int32_t* tokens, const float* d_out, float* d_table, float* d_pos,
+                                std::int64_t batch, std::int64_t seq, std::int64_t d) {
+    dev_->run([=] { nn::token_embedding_backward(tokens, d_out, d_table, d_pos, batch, seq, d); });
+  }
+  void patch_embedding_forward(const float* patches, const float* w, const float* b, const float* pos, float* out,
+                               std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t patch_dim) {
+    dev_->run([=] { nn::patch_embedding_forward(patches, w, b, pos, out, batch, seq, d, patch_dim); });
+  }
+  void patch_embedding_backward(const float* patches, const float* d_out, float* dw, float* db, float* d_pos,
+                                std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t patch_dim) {
+    dev_->run([=] { nn::patch_embedding_backward(patches, d_out, dw, db, d_pos, batch, seq, d, patch_dim); });
+  }
+  void mean_pool_forward(const float* x, float* out, std::int64_t batch, std::int64_t seq, std::int64_t d) {
+    dev_->run([=] { nn::mean_pool_forward(x, out, batch, seq, d); });
+  }
+  void mean_pool_backward(const float* d_out, float* d_x, std::int64_t batch, std::int64_t seq, std::int64_t d) {
+    dev_->run([=] { nn::mean_pool_backward(d_out, d_x, batch, seq, d); });
+  }
+
+  void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* probs, std::int64_t n,
+                             std::int64_t v, CrossEntropyTotals* totals) {
+    dev_->run([=] {
+      const CrossEntropyResult r = nn::cross_entropy_forward(logits, targets, probs, n, v);
+      totals->loss_sum += r.loss_sum;
+      totals->correct += static_cast<std::uint64_t>(r.correct);
+    });
+  }
+  void cross_entropy_backward(float* probs, const std::int32_t* targets, std::int64_t n, std::int64_t v,
+                              float scale) {
+    dev_->run([=] { nn::cross_entropy_backward(probs, targets, n, v, scale); });
+  }
+
+ private:
+  // The format of an element type: float is f32, a 16-bit type is F's.
+  template <class E>
+  using Fmt = std::conditional_t<std::is_same_v<std::remove_const_t<E>, float>, F32Format, F>;
+
+  HostDevice* dev_;
+};
+
+}  // namespace dtrain::nn::cpu

@@ -1,0 +1,98 @@
+// nn::Graph<K>: both Transformer models (nn/transformer.h), forward and
+// backward, written once over a kernel set K: every layer, the block hooks,
+// dropout keys, tied embeddings, loss scaling, input staging and the loss
+// read-back. A device supplies K (nn/cpu/host_kernels.h: oneDNN and the
+// vector code; nn/cuda/cuda_kernels.h: cuBLAS and the .cu kernels), so only
+// kernels differ between devices, and K::T (the storage of matmul operands
+// and saved activations: float, or std::uint16_t for bf16/f16) is the only
+// difference between precisions.
+//
+// A kernel set provides, all queued on its device in call order (E, X, Y, D:
+// float or K::T; a 16-bit type means K::kCompute):
+//   layernorm_forward<E>, layernorm_backward, linear_forward<X, Y>,
+//   linear_backward<X, D>, attention_forward, attention_backward,
+//   gelu_forward, gelu_backward, to_storage (f32 -> T), dropout, residual,
+//   token_embedding_{forward,backward}, patch_embedding_{forward,backward},
+//   mean_pool_{forward,backward}, cross_entropy_{forward,backward}
+// with the argument lists of the CPU functions in nn/ (device pointers).
+//
+// The definitions are in graph_forward.h and graph_backward.h; a device's
+// model file includes them and instantiates Graph for its kernel sets.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "nn/attention.h"
+#include "nn/device.h"
+#include "nn/graph_buffers.h"
+#include "nn/hooks.h"
+#include "nn/parameters.h"
+#include "nn/transformer.h"
+
+namespace dtrain::nn {
+
+template <class K>
+class Graph final : public Model {
+ public:
+  using T = typename K::T;
+
+  // Allocates activations, scratch and input staging on `device` for
+  // micro-batches of `batch` x `seq_len`. Throws ConfigError naming the
+  // field when the shapes do not fit. The device must outlive the graph.
+  Graph(Device& device, K kernels, const ModelConfig& config, const ParameterLayout& layout,
+        std::int64_t batch, std::int64_t seq_len);
+
+  void bind(const BlockPointers& pointers) override;
+  void forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) override;
+  void backward(BlockHooks& hooks, float grad_scale) override;
+  void reset_result() override;
+  ForwardResult collect() override;
+  std::int64_t activation_bytes() const override { return acts_.bytes() + inputs_.bytes(); }
+
+ private:
+  // Order of a layer block's parameters (declare_parameters keeps it).
+  enum LayerParam : int {
+    kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFc1W, kFc1B, kFc2W, kFc2B
+  };
+  // Dropout sites: 2l (attention branch of layer l), 2l+1 (MLP branch), and this.
+  static constexpr std::int64_t kEmbedDropoutSite = 1 << 20;
+  static constexpr bool kF32 = std::is_same_v<T, float>;
+  using Layer = typename GraphActivations<T>::Layer;
+
+  bool lm() const { return config().kind == ModelConfig::Kind::lm; }
+  std::int64_t rows() const { return lm() ? batch() * seq_len() : batch(); }
+  std::int64_t tokens() const { return batch() * seq_len(); }
+  std::uint64_t key_for(std::int64_t site) const;
+  void stage(const ModelInputs& inputs);
+  float* param(int index, bool grad) const;
+  // A matrix as the matmuls read it: the 16-bit compute copy, or the f32 parameter.
+  const T* matrix(int index) const;
+  // `x` in storage T: x itself when T is f32, else rounded into `buffer`.
+  const T* as_storage(const float* x, T* buffer, std::int64_t n);
+
+  void embed_forward(bool training);
+  void layer_forward(int l, bool training);
+  void head_forward();
+  // out = base + drop(x W^T + b) over [n, d], f32.
+  void residual_branch(const T* x, int weight, int bias, const float* base, float* out, std::int64_t in,
+                       std::int64_t site);
+  void head_backward(float grad_scale);
+  void layer_backward(int l);
+  void embed_backward();
+  // A branch output's gradient: d_resid, dropped with forward's mask at `site`.
+  const float* branch_grad(std::int64_t site);
+
+  Device& device_;
+  K k_;
+  const ParameterLayout& layout_;
+  AttentionShape attn_shape_;
+  BlockPointers ptrs_;
+  StepKey key_{};
+  bool dropout_active_ = false;
+  std::int64_t scored_ = 0;  // rows scored since reset_result()
+  GraphActivations<T> acts_;
+  GraphInputs inputs_;
+};
+
+}  // namespace dtrain::nn

@@ -1,0 +1,137 @@
+// The buffers of nn::Graph (nn/graph.h), in a device's memory, sized once
+// for micro-batches of [batch, seq]: what forward keeps for backward, the
+// scratch backward shares across layers, and the staged inputs with the loss
+// totals. T is the storage of matmul operands and saved activations (float,
+// or std::uint16_t for bf16/f16); the residual stream, norm statistics,
+// logits and the gradients that feed f32 parameter gradients stay f32. With
+// T = float, buffers that would only hold a copy of an f32 one are not
+// allocated and the f32 buffer is used in their place (the *_t accessors).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "nn/cross_entropy.h"
+#include "nn/device.h"
+#include "nn/transformer.h"
+
+namespace dtrain::nn {
+
+template <class T>
+struct GraphActivations {
+  using F32 = DeviceArray<float>;
+  using Store = DeviceArray<T>;
+  static constexpr bool kF32 = std::is_same_v<T, float>;
+
+  struct Layer {
+    Store ln1, q, k, v, probs, attn, ln2, h, a;  // h holds gelu' after forward
+    F32 ln1_mean, ln1_rstd, mid, ln2_mean, ln2_rstd;
+  };
+  std::vector<F32> resid;  // n_layers + 1 residual-stream states
+  std::vector<Layer> layers;
+  Store qkv, heads, lnf;                     // forward scratch (lnf: the lm head's input)
+  F32 scores;                                // attention scores (forward), dP (backward)
+  F32 lnf_mean, lnf_rstd, lnf32, pooled, logits;  // lnf32, pooled: the classifier's f32 head
+  F32 d_resid, d_tmp, d_branch, d_lnf, d_pooled;
+  Store d_resid16, d_h, d_attn, d_qkv, d_scores16, dq, dk, dv, d_logits16;  // *16: only when T is 16-bit
+
+  GraphActivations(Device& dev, const ModelConfig& c, std::int64_t B, std::int64_t T_) {
+    const auto bt = static_cast<std::size_t>(B * T_);
+    const auto d = static_cast<std::size_t>(c.d_model);
+    const auto ff = static_cast<std::size_t>(c.d_ff);
+    const auto probs_n = static_cast<std::size_t>(B * c.n_heads * T_ * T_);
+    const bool lm = c.kind == ModelConfig::Kind::lm;
+    const std::size_t half_only = kF32 ? 0 : 1;
+    for (std::int64_t l = 0; l <= c.n_layers; ++l) resid.emplace_back(dev, bt * d);
+    layers.resize(static_cast<std::size_t>(c.n_layers));
+    for (Layer& L : layers) {
+      for (Store* s : {&L.ln1, &L.q, &L.k, &L.v, &L.attn, &L.ln2}) *s = Store(dev, bt * d);
+      L.probs = Store(dev, probs_n);
+      L.h = Store(dev, bt * ff);
+      L.a = Store(dev, bt * ff);
+      for (F32* s : {&L.ln1_mean, &L.ln1_rstd, &L.ln2_mean, &L.ln2_rstd}) *s = F32(dev, bt);
+      L.mid = F32(dev, bt * d);
+    }
+    qkv = Store(dev, bt * 3 * d);
+    heads = Store(dev, bt * d);
+    lnf = Store(dev, lm ? bt * d : 0);
+    scores = F32(dev, probs_n);
+    lnf_mean = F32(dev, bt);
+    lnf_rstd = F32(dev, bt);
+    lnf32 = F32(dev, lm ? 0 : bt * d);
+    pooled = F32(dev, lm ? 0 : static_cast<std::size_t>(B) * d);
+    d_pooled = F32(dev, lm ? 0 : static_cast<std::size_t>(B) * d);
+    logits = F32(dev, (lm ? bt : static_cast<std::size_t>(B)) * static_cast<std::size_t>(c.outputs()));
+    for (F32* s : {&d_resid, &d_tmp, &d_lnf}) *s = F32(dev, bt * d);
+    d_branch = F32(dev, c.dropout > 0.0f ? bt * d : 0);
+    for (Store* s : {&d_attn, &dq, &dk, &dv}) *s = Store(dev, bt * d);
+    d_resid16 = Store(dev, half_only * bt * d);
+    d_h = Store(dev, bt * ff);
+    d_qkv = Store(dev, bt * 3 * d);
+    d_scores16 = Store(dev, half_only * probs_n);
+    d_logits16 = Store(dev, lm ? half_only * bt * static_cast<std::size_t>(c.vocab_size) : 0);
+  }
+
+  // dS: the f32 dP buffer itself when T is f32 (softmax's backward runs in place).
+  T* d_scores() {
+    if constexpr (kF32) {
+      return scores.data();
+    } else {
+      return d_scores16.data();
+    }
+  }
+
+  std::int64_t bytes() const {
+    std::size_t n = 0;
+    for (const F32& r : resid) n += r.bytes();
+    for (const Layer& L : layers) {
+      for (const Store* s : {&L.ln1, &L.q, &L.k, &L.v, &L.probs, &L.attn, &L.ln2, &L.h, &L.a}) n += s->bytes();
+      for (const F32* s : {&L.ln1_mean, &L.ln1_rstd, &L.mid, &L.ln2_mean, &L.ln2_rstd}) n += s->bytes();
+    }
+    for (const Store* s : {&qkv, &heads, &lnf, &d_resid16, &d_h, &d_attn, &d_qkv, &d_scores16, &dq, &dk, &dv,
+                           &d_logits16}) {
+      n += s->bytes();
+    }
+    for (const F32* s : {&scores, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits, &d_resid, &d_tmp, &d_branch,
+                         &d_lnf, &d_pooled}) {
+      n += s->bytes();
+    }
+    return static_cast<std::int64_t>(n);
+  }
+};
+
+// One micro-batch's inputs on the device and the two host slots they are
+// staged through: slot i is refilled on the host once the device has copied
+// out of it (its fence), so the loader's batch can change right after
+// forward() returns while the device still runs behind. Also the loss totals
+// (device) and where collect() reads them (host).
+struct GraphInputs {
+  struct Slot {
+    HostArray<std::int32_t> tokens, targets;
+    HostArray<float> patches;
+    FencePtr copied;
+  };
+  Slot slots[2];
+  int next = 0;
+  DeviceArray<std::int32_t> tokens, targets;
+  DeviceArray<float> patches;
+  DeviceArray<CrossEntropyTotals> totals;
+  HostArray<CrossEntropyTotals> host_totals;
+
+  GraphInputs(Device& dev, std::size_t n_tokens, std::size_t n_patches, std::size_t n_targets)
+      : tokens(dev, n_tokens), targets(dev, n_targets), patches(dev, n_patches), totals(dev, 1),
+        host_totals(dev, 1) {
+    for (Slot& s : slots) {
+      s.tokens = HostArray<std::int32_t>(dev, n_tokens);
+      s.targets = HostArray<std::int32_t>(dev, n_targets);
+      s.patches = HostArray<float>(dev, n_patches);
+    }
+  }
+
+  std::int64_t bytes() const {
+    return static_cast<std::int64_t>(tokens.bytes() + targets.bytes() + patches.bytes() + totals.bytes());
+  }
+};
+
+}  // namespace dtrain::nn

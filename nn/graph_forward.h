@@ -1,0 +1,249 @@
+// nn::Graph (nn/graph.h): construction, inputs, forward and the loss
+// read-back. Included by the files that instantiate Graph for a device.
+//   x_mid = x + drop(proj(attn(ln1(x)))); x_out = x_mid + drop(fc2(gelu(fc1(ln2(x_mid)))))
+#pragma once
+
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "nn/dropout.h"
+#include "nn/graph.h"
+
+namespace dtrain::nn {
+
+template <class K>
+Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const ParameterLayout& layout,
+                std::int64_t batch, std::int64_t seq_len)
+    : Model(config, batch, seq_len), device_(device), k_(std::move(kernels)), layout_(layout),
+      acts_(device, config, batch, seq_len),
+      inputs_(device, config.input == ModelConfig::Input::tokens ? static_cast<std::size_t>(batch * seq_len) : 0,
+              config.input == ModelConfig::Input::patches
+                  ? static_cast<std::size_t>(batch * seq_len * config.patch_dim)
+                  : 0,
+              static_cast<std::size_t>(config.kind == ModelConfig::Kind::lm ? batch * seq_len : batch)) {
+  if (config.n_heads <= 0 || config.d_model % config.n_heads != 0) {
+    throw ConfigError("model.n_heads", fmt::format("{} heads do not divide d_model {}", config.n_heads,
+                                                   config.d_model));
+  }
+  if (seq_len > config.max_seq_len) {
+    throw ConfigError("model.max_seq_len", fmt::format("sequences of {} are longer than max_seq_len {}",
+                                                       seq_len, config.max_seq_len));
+  }
+  attn_shape_ = AttentionShape{batch, seq_len, config.n_heads, config.d_model / config.n_heads, lm()};
+  reset_result();
+}
+
+template <class K>
+void Graph<K>::bind(const BlockPointers& pointers) {
+  DTRAIN_CHECK(static_cast<int>(pointers.params.size()) == layout_.num_blocks() &&
+                   static_cast<int>(pointers.grads.size()) == layout_.num_blocks(),
+               "bind: {} blocks expected", layout_.num_blocks());
+  DTRAIN_CHECK(kF32 || static_cast<int>(pointers.compute.size()) == layout_.num_blocks(),
+               "bind: {} compute copies expected for {} compute", layout_.num_blocks(),
+               dtype_name(config().compute));
+  ptrs_ = pointers;
+}
+
+template <class K>
+float* Graph<K>::param(int index, bool grad) const {
+  const ParamSpec& spec = layout_.params()[static_cast<std::size_t>(index)];
+  const auto b = static_cast<std::size_t>(spec.block);
+  return (grad ? ptrs_.grads[b] : ptrs_.params[b]) + spec.offset;
+}
+
+template <class K>
+const typename Graph<K>::T* Graph<K>::matrix(int index) const {
+  if constexpr (kF32) {
+    return param(index, false);
+  } else {
+    const ParamSpec& spec = layout_.params()[static_cast<std::size_t>(index)];
+    return ptrs_.compute[static_cast<std::size_t>(spec.block)] + spec.offset;
+  }
+}
+
+template <class K>
+const typename Graph<K>::T* Graph<K>::as_storage(const float* x, T* buffer, std::int64_t n) {
+  if constexpr (kF32) {
+    (void)buffer;
+    (void)n;
+    return x;
+  } else {
+    k_.to_storage(x, buffer, n);
+    return buffer;
+  }
+}
+
+template <class K>
+std::uint64_t Graph<K>::key_for(std::int64_t site) const {
+  return dropout_key(key_.seed, key_.step, key_.micro, site, key_.row_offset * seq_len() * config().d_model);
+}
+
+// Checks every token and target on the host (a bad token would make the
+// embedding's backward write outside its table on any device), copying them
+// into the next host slot, and queues their copy to the device.
+template <class K>
+void Graph<K>::stage(const ModelInputs& in) {
+  GraphInputs::Slot& slot = inputs_.slots[inputs_.next];
+  inputs_.next ^= 1;
+  if (slot.copied && !slot.copied->wait_until(Fence::Clock::now() + device_.timeout())) {
+    throw TimeoutError(fmt::format("{}: the copy of the inputs two micro-batches back did not finish within {} ms",
+                                   device_.name(), device_.timeout().count()));
+  }
+  const ModelConfig& c = config();
+  if (c.input == ModelConfig::Input::tokens) {
+    DTRAIN_CHECK(in.tokens != nullptr, "token model given no tokens");
+    for (std::int64_t i = 0; i < tokens(); ++i) {
+      const std::int32_t tok = in.tokens[i];
+      if (tok < 0 || tok >= c.vocab_size) {
+        throw DataError(fmt::format("token {} at batch row {}, position {} is outside the vocabulary [0, {}); "
+                                    "check model.vocab_size against the data",
+                                    tok, i / seq_len(), i % seq_len(), c.vocab_size));
+      }
+      slot.tokens.data()[i] = tok;
+    }
+    device_.copy(inputs_.tokens.data(), slot.tokens.data(), inputs_.tokens.bytes());
+  } else {
+    DTRAIN_CHECK(in.patches != nullptr, "patch model given no patches");
+    std::memcpy(slot.patches.data(), in.patches, slot.patches.bytes());
+    device_.copy(inputs_.patches.data(), slot.patches.data(), inputs_.patches.bytes());
+  }
+  DTRAIN_CHECK(in.targets != nullptr, "forward given no targets");
+  for (std::int64_t i = 0; i < rows(); ++i) {
+    const std::int32_t target = in.targets[i];
+    if (target < 0 || target >= c.outputs()) {
+      const std::string where = lm() ? fmt::format("batch row {}, position {}", i / seq_len(), i % seq_len())
+                                     : fmt::format("batch row {}", i);
+      throw DataError(fmt::format("target {} at {} is outside [0, {}): check the labels against "
+                                  "model.num_classes / model.vocab_size",
+                                  target, where, c.outputs()));
+    }
+    slot.targets.data()[i] = target;
+  }
+  device_.copy(inputs_.targets.data(), slot.targets.data(), inputs_.targets.bytes());
+  slot.copied = device_.fence();
+}
+
+template <class K>
+void Graph<K>::reset_result() {
+  device_.zero(inputs_.totals.data(), inputs_.totals.bytes());
+  scored_ = 0;
+}
+
+template <class K>
+ForwardResult Graph<K>::collect() {
+  device_.copy(inputs_.host_totals.data(), inputs_.totals.data(), inputs_.totals.bytes());
+  device_.synchronize();
+  const CrossEntropyTotals t = *inputs_.host_totals.data();
+  ForwardResult out;
+  out.count = scored_;
+  out.correct = static_cast<std::int64_t>(t.correct);
+  out.loss = scored_ > 0 ? static_cast<float>(t.loss_sum / static_cast<double>(scored_)) : 0.0f;
+  return out;
+}
+
+template <class K>
+void Graph<K>::forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) {
+  DTRAIN_CHECK(!ptrs_.params.empty(), "forward before bind");
+  stage(inputs);
+  key_ = key;
+  dropout_active_ = training && config().dropout > 0.0f;
+  const int head_block = layout_.num_blocks() - 1;
+
+  hooks.before_forward(0);
+  embed_forward(training);
+  hooks.after_forward(0);
+  for (int l = 0; l < config().n_layers; ++l) {
+    hooks.before_forward(l + 1);
+    layer_forward(l, training);
+    hooks.after_forward(l + 1);
+  }
+  hooks.before_forward(head_block);
+  head_forward();
+  k_.cross_entropy_forward(acts_.logits.data(), inputs_.targets.data(), acts_.logits.data(), rows(),
+                           config().outputs(), inputs_.totals.data());
+  hooks.after_forward(head_block);
+  scored_ += rows();
+}
+
+template <class K>
+void Graph<K>::embed_forward(bool training) {
+  const ModelConfig& c = config();
+  const bool by_token = c.input == ModelConfig::Input::tokens;
+  const float* pos = param(by_token ? 1 : 2, false);
+  float* out = acts_.resid[0].data();
+  if (by_token) {
+    k_.token_embedding_forward(inputs_.tokens.data(), param(0, false), pos, out, batch(), seq_len(), c.d_model,
+                               c.vocab_size);
+  } else {
+    k_.patch_embedding_forward(inputs_.patches.data(), param(0, false), param(1, false), pos, out, batch(),
+                               seq_len(), c.d_model, c.patch_dim);
+  }
+  if (training && c.dropout > 0.0f) k_.dropout(out, tokens() * c.d_model, c.dropout, key_for(kEmbedDropoutSite));
+}
+
+template <class K>
+void Graph<K>::residual_branch(const T* x, int weight, int bias, const float* base, float* out, std::int64_t in,
+                               std::int64_t site) {
+  const std::int64_t n = tokens(), d = config().d_model;
+  if (dropout_active_) {  // the branch needs its own buffer to be dropped before the residual add
+    float* branch = acts_.d_tmp.data();
+    k_.linear_forward(x, matrix(weight), param(bias, false), branch, n, in, d, false);
+    k_.dropout(branch, n * d, config().dropout, key_for(site));
+    k_.residual(base, branch, out, n * d);
+    return;
+  }
+  // The residual is added by the GEMM's accumulation into a copy of base.
+  device_.copy(out, base, static_cast<std::size_t>(n * d) * sizeof(float));
+  k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true);
+}
+
+template <class K>
+void Graph<K>::layer_forward(int l, bool training) {
+  Layer& L = acts_.layers[static_cast<std::size_t>(l)];
+  const int base = layout_.blocks()[static_cast<std::size_t>(l + 1)].first_param;
+  auto w = [&](int i) { return param(base + i, false); };  // f32: norms, biases
+  const std::int64_t n = tokens(), d = config().d_model, ff = config().d_ff;
+  const float* x = acts_.resid[static_cast<std::size_t>(l)].data();
+  float* out = acts_.resid[static_cast<std::size_t>(l) + 1].data();
+
+  k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d);
+  k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false);
+  k_.attention_forward(attn_shape_, acts_.qkv.data(), L.attn.data(),
+                       AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.probs.data()},
+                       AttentionScratch<T>{acts_.scores.data(), acts_.heads.data(), nullptr, nullptr, nullptr,
+                                           nullptr});
+  residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
+  k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
+                       d);
+  k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false);
+  // h is overwritten by gelu'(h): backward needs only the derivative.
+  k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ff);
+  residual_branch(L.a.data(), base + kFc2W, base + kFc2B, L.mid.data(), out, ff, 2 * l + 1);
+}
+
+// lm: logits (f32) = lnf(x) (storage T) . W^T, W the head or the tied
+// embedding. The classifier's small head stays f32 in every precision.
+template <class K>
+void Graph<K>::head_forward() {
+  const int base = layout_.blocks().back().first_param;
+  const std::int64_t n = tokens(), d = config().d_model;
+  const float* x = acts_.resid.back().data();
+  if (lm()) {
+    k_.layernorm_forward(x, param(base, false), param(base + 1, false), acts_.lnf.data(), acts_.lnf_mean.data(),
+                         acts_.lnf_rstd.data(), n, d);
+    const T* head = config().tie_embeddings ? matrix(0) : matrix(base + 2);
+    k_.linear_forward(acts_.lnf.data(), head, static_cast<const float*>(nullptr), acts_.logits.data(), n, d,
+                      config().vocab_size, false);
+    return;
+  }
+  k_.layernorm_forward(x, param(base, false), param(base + 1, false), acts_.lnf32.data(), acts_.lnf_mean.data(),
+                       acts_.lnf_rstd.data(), n, d);
+  k_.mean_pool_forward(acts_.lnf32.data(), acts_.pooled.data(), batch(), seq_len(), d);
+  k_.linear_forward(static_cast<const float*>(acts_.pooled.data()), param(base + 2, false), param(base + 3, false),
+                    acts_.logits.data(), batch(), d, config().num_classes, false);
+}
+
+}  // namespace dtrain::nn

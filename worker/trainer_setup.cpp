@@ -1,0 +1,233 @@
+// Trainer's set-up: the device and the communicator its memory travels on,
+// the engine and the model, the resume, the data loaders and the outputs.
+#include <fstream>
+#include <string_view>
+
+#include "comm/connect.h"
+#include "comm/memory_store.h"
+#include "core/error.h"
+#include "dtrain/config.h"
+#include "nn/cpu/host_device.h"
+#include "nn/cuda_device.h"
+#include "worker/config.h"
+#include "worker/precision.h"
+#include "worker/trace.h"
+#include "worker/trainer.h"
+
+namespace dtrain::worker {
+namespace {
+
+nn::Decay parse_decay(const std::string& name) {
+  if (name == "linear") return nn::Decay::linear;
+  if (name == "constant") return nn::Decay::constant;
+  return nn::Decay::cosine;
+}
+
+data::DataSpec data_spec(const config::Config& c) {
+  data::DataSpec spec;
+  spec.kind = c.data().kind();
+  spec.path = c.data().path();
+  spec.val_path = c.data().val_path();
+  spec.seq_len = c.data().seq_len();
+  spec.vocab_size = c.model().vocab_size();
+  spec.num_classes = c.model().num_classes();
+  spec.patch_size = c.model().patch_size();
+  spec.model_kind = c.model().kind();
+  spec.seed = c.train().seed();
+  return spec;
+}
+
+// A world of one for a trainer started without a communicator.
+std::shared_ptr<comm::Communicator> single_process_communicator() {
+  auto store = std::make_shared<comm::MemoryStore>();
+  comm::CommunicatorOptions options;
+  options.name = "single";
+  return std::make_shared<comm::Communicator>(
+      comm::make_gloo_backend(0, 1, store, std::chrono::seconds(60), "127.0.0.1"), options);
+}
+
+bool is_nccl(const std::shared_ptr<comm::Communicator>& comm) {
+  return comm && std::string_view(comm->backend_name()) == "nccl";
+}
+
+std::chrono::milliseconds device_timeout(const config::Config& c) {
+  return std::chrono::seconds(c.parallel().timeout_s());
+}
+
+// device "cuda": the communicators this trainer was given must fit; a
+// ConfigError naming the field otherwise. The config's own rules come first
+// (validate_config), so they are reported the same way on every machine.
+void check_device_comms(const config::Config& c, const TrainerOptions& o) {
+  const std::string& device = c.device();
+  if (device == "cpu") return;
+  if (device != "cuda") {
+    throw ConfigError("device", fmt::format("'{}' is not a device; use \"cpu\" or \"cuda\"", device));
+  }
+  const std::string& backend = c.parallel().backend();
+  if (backend != "auto" && backend != "nccl") {
+    throw ConfigError("parallel.backend", fmt::format("'{}' cannot move GPU memory: device cuda uses nccl; use auto "
+                                                      "or nccl", backend));
+  }
+  const int world = o.comm ? o.comm->world_size() : 1;
+  if (world > 1 && (is_nccl(o.comm) || !is_nccl(o.device_comm))) {
+    throw ConfigError("parallel.backend",
+                      fmt::format("device cuda on {} ranks needs two communicators: nccl for the engine (gradients, "
+                                  "parameters) and gloo or mpi for the host-side collectives (loss, checkpoints), "
+                                  "but was given {} and {}",
+                                  world, o.comm->backend_name(),
+                                  o.device_comm ? o.device_comm->backend_name() : "no device communicator"));
+  }
+  if (o.device_comm && o.device_comm->world_size() != world) {
+    throw ConfigError("parallel.backend", fmt::format("the nccl communicator has {} ranks, the job {}",
+                                                      o.device_comm->world_size(), world));
+  }
+}
+
+}  // namespace
+
+nn::ModelConfig model_config(const config::Config& c) {
+  const config::Model& m = c.model();
+  nn::ModelConfig mc;
+  mc.kind = m.kind() == "lm" ? nn::ModelConfig::Kind::lm : nn::ModelConfig::Kind::classifier;
+  mc.input = m.input() == "patches" ? nn::ModelConfig::Input::patches : nn::ModelConfig::Input::tokens;
+  mc.vocab_size = m.vocab_size();
+  mc.d_model = m.d_model();
+  mc.n_heads = m.n_heads();
+  mc.n_layers = m.n_layers();
+  mc.d_ff = m.d_ff();
+  mc.max_seq_len = m.max_seq_len();
+  mc.num_classes = m.num_classes();
+  mc.patch_dim = static_cast<std::int64_t>(m.patch_size()) * m.patch_size();
+  mc.dropout = m.dropout();
+  mc.tie_embeddings = m.tie_embeddings();
+  mc.compute = compute_dtype(c);
+  return mc;
+}
+
+Trainer::Trainer(const config::Config& config, TrainerOptions options)
+    : config_(config), options_(std::move(options)), model_config_(model_config(config)) {
+  check_device_comms(config_, options_);
+  std::shared_ptr<comm::Communicator> device_comm = options_.device_comm;
+  if (config_.device() == "cuda" && is_nccl(options_.comm)) {  // a world of one: nccl carries the engine's only
+    device_comm = options_.comm;
+    options_.comm = nullptr;
+  }
+  const data::DatasetPair datasets = data::make_datasets(data_spec(config_));
+  const std::int64_t seq = datasets.train->info().seq_len;
+  if (seq > model_config_.max_seq_len) {
+    throw ConfigError("model.max_seq_len", fmt::format("the data has sequences of {} but max_seq_len is {}; raise "
+                                                       "model.max_seq_len",
+                                                       seq, model_config_.max_seq_len));
+  }
+  layout_ = nn::declare_parameters(model_config_);
+  comm_ = options_.comm ? options_.comm : single_process_communicator();
+  connect_device(device_comm);
+  build_engine_and_model(seq);
+  if (!is_rank0()) options_.console = nullptr;
+  resume_checkpoint();
+  make_loaders(datasets);
+  open_outputs();
+}
+
+// The device the model and the engine live on, and the communicator that
+// moves its memory: the host communicator for host memory, nccl for a GPU
+// (a world of one of its own when none was given).
+void Trainer::connect_device(const std::shared_ptr<comm::Communicator>& device_comm) {
+  if (options_.device) {
+    device_ = options_.device;
+  } else if (config_.device() == "cuda") {
+    device_ = nn::make_cuda_device(options_.cuda_device, device_timeout(config_));
+  } else {
+    device_ = std::make_shared<nn::cpu::HostDevice>(nn::cpu::HostDeviceOptions{.timeout = device_timeout(config_)});
+  }
+  if (device_->host_memory()) {
+    data_comm_ = comm_;
+    return;
+  }
+  data_comm_ = device_comm;
+  if (!data_comm_) {
+    comm::CommunicatorOptions o;
+    o.name = "device";
+    o.timeout = device_timeout(config_);
+    data_comm_ = std::make_shared<comm::Communicator>(
+        comm::make_nccl_backend(0, 1, std::make_shared<comm::MemoryStore>(), options_.cuda_device, o.timeout), o);
+  }
+}
+
+void Trainer::build_engine_and_model(std::int64_t seq) {
+  const config::Train& t = config_.train();
+  sharding::EngineOptions eo;
+  eo.stage = config_.parallel().zero_stage();
+  eo.bucket_mb = config_.parallel().bucket_mb();
+  eo.tied_embeddings = model_config_.tie_embeddings;
+  eo.seed = t.seed();
+  eo.compute = compute_dtype(config_);
+  eo.reduce = reduce_dtype(config_);
+  eo.loss_scaling = loss_scaling(config_);
+  eo.testonly_unfenced_collective = options_.testonly_unfenced_collective;
+  engine_ = std::make_unique<sharding::Engine>(layout_, *data_comm_, *device_, eo);
+  batch_ = t.micro_batch_size();
+  seq_ = seq;
+  model_ = device_->make_model(model_config_, layout_, batch_, seq_);
+  model_->bind(engine_->pointers());
+}
+
+void Trainer::resume_checkpoint() {
+  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *comm_, options_.checkpoint_env);
+  resumed_ = checkpointer_->resume(options_.console);
+  if (resumed_) {
+    step_ = resumed_->step;
+    optimizer_steps_ = resumed_->optimizer_step;
+  }
+}
+
+void Trainer::make_loaders(const data::DatasetPair& datasets) {
+  const config::Train& t = config_.train();
+  data::LoaderOptions lo;
+  lo.name = "train";
+  lo.micro_batch = t.micro_batch_size();
+  lo.rank = comm_->rank();
+  lo.world = comm_->world_size();
+  lo.seed = t.seed();
+  lo.start = resumed_ ? resumed_->data_position : 0;
+  lo.shuffle = config_.data().shuffle();
+  lo.prefetch = config_.data().prefetch();
+  train_loader_ = std::make_unique<data::Loader>(datasets.train, lo);
+  lo.name = "validation";
+  lo.start = 0;
+  lo.shuffle = false;
+  lo.prefetch = 0;
+  val_loader_ = std::make_unique<data::Loader>(datasets.val, lo);
+  schedule_ = nn::LrSchedule{config_.optimizer().lr(), config_.schedule().warmup_steps(), t.steps(),
+                             parse_decay(config_.schedule().decay()), config_.schedule().min_lr_ratio()};
+}
+
+void Trainer::open_outputs() {
+  const config::Train& t = config_.train();
+  if (options_.write_outputs && is_rank0()) {
+    const std::filesystem::path out_dir = t.out_dir();
+    if (!resumed_ && options_.restart == 0 && std::filesystem::exists(out_dir / "metrics.jsonl")) {
+      throw ConfigError("train.out_dir",
+                        fmt::format("'{}' already holds a run (metrics.jsonl); nothing there is "
+                                    "overwritten: choose a new directory with --set "
+                                    "train.out_dir=DIR, or move the old run away",
+                                    out_dir.string()));
+    }
+    // A resumed run continues its metrics.jsonl (steps after the checkpoint
+    // that a crash cut short appear again, from the resumed step on).
+    metrics_ = std::make_unique<MetricsWriter>(out_dir, resumed_.has_value() || options_.restart > 0);
+    const std::filesystem::path cfg_path = out_dir / "config.json";
+    std::ofstream out(cfg_path);
+    out << config_to_json(config_);
+    if (!out.flush()) throw IoError(fmt::format("cannot write '{}'", cfg_path.string()));
+  }
+  if (const std::optional<TraceSteps> traced = parse_trace_steps(t.trace_steps())) {
+    std::filesystem::create_directories(t.out_dir());
+    tracer_ = std::make_unique<Tracer>(
+        comm_->rank(), *traced, layout_.num_blocks(), t.grad_accum_steps(),
+        std::filesystem::absolute(t.out_dir()) / fmt::format("trace_rank_{}.json", comm_->rank()), *engine_);
+    comm_->set_op_observer(tracer_.get());
+  }
+}
+
+}  // namespace dtrain::worker
