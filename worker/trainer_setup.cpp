@@ -130,27 +130,27 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
 }
 
 // The device the model and the engine live on, and the communicator that
-// moves its memory: the host communicator for host memory, nccl for a GPU
-// (a world of one of its own when none was given).
+// moves its memory: the host communicator on the CPU, nccl on a GPU (a world
+// of one of its own when none was given).
 void Trainer::connect_device(const std::shared_ptr<comm::Communicator>& device_comm) {
+  const bool cuda = config_.device() == "cuda";
   if (options_.device) {
     device_ = options_.device;
-  } else if (config_.device() == "cuda") {
+  } else if (cuda) {
     device_ = nn::make_cuda_device(options_.cuda_device, device_timeout(config_));
   } else {
     device_ = std::make_shared<nn::cpu::HostDevice>(nn::cpu::HostDeviceOptions{.timeout = device_timeout(config_)});
   }
-  if (device_->host_memory()) {
-    data_comm_ = comm_;
-    return;
-  }
-  data_comm_ = device_comm;
-  if (!data_comm_) {
+  if (device_comm) {
+    data_comm_ = device_comm;
+  } else if (cuda) {
     comm::CommunicatorOptions o;
     o.name = "device";
     o.timeout = device_timeout(config_);
     data_comm_ = std::make_shared<comm::Communicator>(
         comm::make_nccl_backend(0, 1, std::make_shared<comm::MemoryStore>(), options_.cuda_device, o.timeout), o);
+  } else {
+    data_comm_ = comm_;
   }
 }
 

@@ -122,7 +122,10 @@ HostDevice::~HostDevice() {
   }
 }
 
-std::string HostDevice::name() const { return queue_ ? "cpu (queued)" : "cpu"; }
+std::string HostDevice::name() const {
+  if (queue_ == nullptr) return "cpu";
+  return options_.private_memory ? "cpu (queued, private memory)" : "cpu (queued)";
+}
 
 void* HostDevice::allocate(std::size_t bytes) {
   const std::size_t rounded = (bytes + 63) / 64 * 64;

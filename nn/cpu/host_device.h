@@ -12,6 +12,9 @@
 // collective read what the queue has not written yet, and the results differ.
 // A kernel that throws fails the queue: later items are skipped, and the
 // error is rethrown by the next synchronize(), wait() or fence wait.
+// With private_memory it also says the host cannot reach its memory, as a
+// GPU does, so its users stage state through host copies as they must on a
+// GPU (the memory is host memory all the same).
 //
 // Threading: one thread submits; fences may be waited on from any thread.
 #pragma once
@@ -27,6 +30,7 @@ namespace dtrain::nn::cpu {
 
 struct HostDeviceOptions {
   bool queued = false;
+  bool private_memory = false;                 // host_memory() is false (tests)
   std::chrono::microseconds delay{0};          // queued: sleep before every item
   std::chrono::milliseconds timeout{300000};   // every wait (parallel.timeout_s)
 };
@@ -37,7 +41,7 @@ class HostDevice final : public Device {
   ~HostDevice() override;
 
   std::string name() const override;
-  bool host_memory() const override { return true; }
+  bool host_memory() const override { return !options_.private_memory; }
   bool asynchronous() const override { return queue_ != nullptr; }
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
 
