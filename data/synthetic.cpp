@@ -24,8 +24,15 @@ SyntheticLmDataset::SyntheticLmDataset(int64_t tokens, int seq_len, int vocab_si
                           .vocab_size = vocab_size}),
       seed_(seed),
       windows_(seq_len > 0 ? lm_window_count(tokens, seq_len) : 0) {
-  DTRAIN_CHECK(vocab_size >= 2, "{}: vocab_size {} < 2", info().name, vocab_size);
-  DTRAIN_CHECK(windows_ > 0, "{}: {} tokens hold no window of {}+1", info().name, tokens, seq_len);
+  if (vocab_size < 2) {
+    throw ConfigError("model.vocab_size", fmt::format("{}: synthetic text needs at least 2 tokens, got {}",
+                                                      info().name, vocab_size));
+  }
+  if (windows_ <= 0) {
+    throw ConfigError("data.seq_len", fmt::format("{}: its {} tokens hold no window of data.seq_len + 1 = {}; "
+                                                  "lower data.seq_len",
+                                                  info().name, tokens, seq_len + 1));
+  }
 }
 
 int32_t SyntheticLmDataset::run_start(int64_t run) const {
@@ -75,8 +82,12 @@ SyntheticClassifierDataset::SyntheticClassifierDataset(int64_t examples, int64_t
       seed_(seed) {
   DTRAIN_CHECK(examples > 0 && seq_len > 0, "{}: {} examples of {} tokens", info().name, examples,
                seq_len);
-  DTRAIN_CHECK(num_classes >= 2 && vocab_size >= num_classes, "{}: {} classes over vocab {}",
-               info().name, num_classes, vocab_size);
+  if (num_classes < 2 || vocab_size < num_classes) {
+    throw ConfigError("model.num_classes",
+                      fmt::format("{}: the synthetic classification task needs 2 to model.vocab_size ({}) "
+                                  "classes, got {}",
+                                  info().name, vocab_size, num_classes));
+  }
 }
 
 int32_t SyntheticClassifierDataset::label(int64_t index) const {

@@ -21,8 +21,12 @@ TokenStreamDataset::TokenStreamDataset(std::shared_ptr<const std::vector<uint16_
                    end <= static_cast<int64_t>(stream_->size()),
                "range [{}, {}) of a stream of {} tokens", begin, end,
                stream_ ? stream_->size() : 0);
-  DTRAIN_CHECK(seq_len > 0 && windows_ > 0, "{}: {} tokens hold no window of {}+1", info().name,
-               end - begin, seq_len);
+  DTRAIN_CHECK(seq_len > 0, "{}: seq_len {}", info().name, seq_len);
+  if (windows_ <= 0) {
+    throw DataError(fmt::format("{}: its {} tokens hold no window of data.seq_len + 1 = {} tokens; lower "
+                                "data.seq_len or give it more data",
+                                info().name, end - begin, seq_len + 1));
+  }
 }
 
 void TokenStreamDataset::fill(int64_t index, Batch& batch, int row) const {

@@ -202,11 +202,22 @@ void Trainer::make_loaders(const data::DatasetPair& datasets) {
                              parse_decay(config_.schedule().decay()), config_.schedule().min_lr_ratio()};
 }
 
+// std::filesystem's errors become IoErrors naming the path and what to do.
+static void make_directory(const std::filesystem::path& dir, const char* field) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    throw IoError(fmt::format("cannot create {} '{}': {}; choose a writable folder with --set {}=DIR", field,
+                              dir.string(), ec.message(), field));
+  }
+}
+
 void Trainer::open_outputs() {
   const config::Train& t = config_.train();
   if (options_.write_outputs && is_rank0()) {
     const std::filesystem::path out_dir = t.out_dir();
-    if (!resumed_ && options_.restart == 0 && std::filesystem::exists(out_dir / "metrics.jsonl")) {
+    std::error_code ec;
+    if (!resumed_ && options_.restart == 0 && std::filesystem::exists(out_dir / "metrics.jsonl", ec)) {
       throw ConfigError("train.out_dir",
                         fmt::format("'{}' already holds a run (metrics.jsonl); nothing there is "
                                     "overwritten: choose a new directory with --set "
@@ -222,10 +233,11 @@ void Trainer::open_outputs() {
     if (!out.flush()) throw IoError(fmt::format("cannot write '{}'", cfg_path.string()));
   }
   if (const std::optional<TraceSteps> traced = parse_trace_steps(t.trace_steps())) {
-    std::filesystem::create_directories(t.out_dir());
+    make_directory(t.out_dir(), "train.out_dir");
+    std::error_code ec;
     tracer_ = std::make_unique<Tracer>(
         comm_->rank(), *traced, layout_.num_blocks(), t.grad_accum_steps(),
-        std::filesystem::absolute(t.out_dir()) / fmt::format("trace_rank_{}.json", comm_->rank()), *engine_);
+        std::filesystem::absolute(t.out_dir(), ec) / fmt::format("trace_rank_{}.json", comm_->rank()), *engine_);
     comm_->set_op_observer(tracer_.get());
   }
 }
