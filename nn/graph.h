@@ -46,6 +46,7 @@ class Graph final : public Model {
   void bind(const BlockPointers& pointers) override;
   void forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) override;
   void backward(BlockHooks& hooks, float grad_scale) override;
+  void infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits) override;
   void reset_result() override;
   ForwardResult collect() override;
   std::int64_t activation_bytes() const override { return acts_.bytes() + inputs_.bytes(); }
@@ -64,7 +65,11 @@ class Graph final : public Model {
   std::int64_t rows() const { return lm() ? batch() * seq_len() : batch(); }
   std::int64_t tokens() const { return batch() * seq_len(); }
   std::uint64_t key_for(std::int64_t site) const;
-  void stage(const ModelInputs& inputs);
+  // Checks the inputs on the host and queues their copy to the device
+  // (targets only when `with_targets`).
+  void stage(const ModelInputs& inputs, bool with_targets);
+  // The blocks from the embeddings to the logits.
+  void forward_blocks(BlockHooks& hooks, bool training);
   float* param(int index, bool grad) const;
   // A matrix as the matmuls read it: the 16-bit compute copy, or the f32 parameter.
   const T* matrix(int index) const;

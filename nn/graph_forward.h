@@ -85,7 +85,7 @@ std::uint64_t Graph<K>::key_for(std::int64_t site) const {
 // embedding's backward write outside its table on any device), copying them
 // into the next host slot, and queues their copy to the device.
 template <class K>
-void Graph<K>::stage(const ModelInputs& in) {
+void Graph<K>::stage(const ModelInputs& in, bool with_targets) {
   GraphInputs::Slot& slot = inputs_.slots[inputs_.next];
   inputs_.next ^= 1;
   if (slot.copied && !slot.copied->wait_until(Fence::Clock::now() + device_.timeout())) {
@@ -109,6 +109,10 @@ void Graph<K>::stage(const ModelInputs& in) {
     DTRAIN_CHECK(in.patches != nullptr, "patch model given no patches");
     std::memcpy(slot.patches.data(), in.patches, slot.patches.bytes());
     device_.copy(inputs_.patches.data(), slot.patches.data(), inputs_.patches.bytes());
+  }
+  if (!with_targets) {
+    slot.copied = device_.fence();
+    return;
   }
   DTRAIN_CHECK(in.targets != nullptr, "forward given no targets");
   for (std::int64_t i = 0; i < rows(); ++i) {
@@ -144,14 +148,11 @@ ForwardResult Graph<K>::collect() {
   return out;
 }
 
+// The head block's after_forward hook is the caller's: the loss (or the
+// logits' copy) belongs to the head block.
 template <class K>
-void Graph<K>::forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) {
+void Graph<K>::forward_blocks(BlockHooks& hooks, bool training) {
   DTRAIN_CHECK(!ptrs_.params.empty(), "forward before bind");
-  stage(inputs);
-  key_ = key;
-  dropout_active_ = training && config().dropout > 0.0f;
-  const int head_block = layout_.num_blocks() - 1;
-
   hooks.before_forward(0);
   embed_forward(training);
   hooks.after_forward(0);
@@ -160,12 +161,31 @@ void Graph<K>::forward(const ModelInputs& inputs, BlockHooks& hooks, bool traini
     layer_forward(l, training);
     hooks.after_forward(l + 1);
   }
-  hooks.before_forward(head_block);
+  hooks.before_forward(layout_.num_blocks() - 1);
   head_forward();
+}
+
+template <class K>
+void Graph<K>::forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) {
+  stage(inputs, true);
+  key_ = key;
+  dropout_active_ = training && config().dropout > 0.0f;
+  forward_blocks(hooks, training);
   k_.cross_entropy_forward(acts_.logits.data(), inputs_.targets.data(), acts_.logits.data(), rows(),
                            config().outputs(), inputs_.totals.data());
-  hooks.after_forward(head_block);
+  hooks.after_forward(layout_.num_blocks() - 1);
   scored_ += rows();
+}
+
+template <class K>
+void Graph<K>::infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits) {
+  stage(inputs, false);
+  key_ = StepKey{};
+  dropout_active_ = false;
+  forward_blocks(hooks, false);
+  device_.copy(logits, acts_.logits.data(), acts_.logits.bytes());
+  hooks.after_forward(layout_.num_blocks() - 1);
+  device_.synchronize();
 }
 
 template <class K>

@@ -106,6 +106,10 @@ class Model {
   // REQUIRES: the last call was forward(..., training = true, ...).
   virtual void backward(BlockHooks& hooks, float grad_scale) = 0;
 
+  // Inference: the logits of `inputs` (targets unused) into host memory,
+  // [B, T, vocab] (lm) or [B, classes] (classifier); waits for the device.
+  virtual void infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits) = 0;
+
   // Clears the loss sum and counts (queued).
   virtual void reset_result() = 0;
   // Waits for the device and returns the mean loss, the correct and scored

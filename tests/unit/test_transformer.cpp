@@ -202,6 +202,26 @@ void check_model_gradients(const Case& c, float dropout) {
   }
 }
 
+// infer() returns the logits the loss is computed from: the mean of
+// logsumexp(logits) - logits[target] over the rows is forward's loss.
+TEST_P(TinyModel, InferGivesTheLogitsOfTheLoss) {
+  const Case& c = GetParam();
+  Harness h(c.config, c.batch, c.seq);
+  randomize(h, 5);
+  const std::int64_t rows = static_cast<std::int64_t>(h.targets.size()), v = c.config.outputs();
+  std::vector<float> logits(static_cast<std::size_t>(rows * v));
+  h.model->infer(h.inputs(), h.no_hooks, logits.data());
+  double loss = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = logits.data() + r * v;
+    const double mx = *std::max_element(row, row + v);
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+    loss += std::log(sum) + mx - row[h.targets[static_cast<std::size_t>(r)]];
+  }
+  EXPECT_NEAR(loss / static_cast<double>(rows), h.forward({}, false).loss, 1e-5);
+}
+
 TEST_P(TinyModel, EveryParameterGradientMatchesFiniteDifferences) {
   check_model_gradients(GetParam(), 0.0f);
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Two dtrain builds on the same models, one CPU thread, interleaved in one
+# run (old, new, old, new, ...) so both see the same machine: the check that
+# a change costs no speed. Prints each run's tokens/s, then per config and
+# precision the median of each side and new/old.
+#
+#   bench/compare-builds.sh OLD_DTRAIN_BENCH NEW_DTRAIN_BENCH
+#   REPEATS=5 STEPS=10 CONFIGS="lm-small" PRECISIONS="fp32 bf16" bench/compare-builds.sh old/dtrain-bench build/bin/dtrain-bench
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[[ $# -eq 2 ]] || { echo "usage: $0 OLD_DTRAIN_BENCH NEW_DTRAIN_BENCH" >&2; exit 2; }
+old=$1 new=$2
+repeats=${REPEATS:-3}
+steps=${STEPS:-8}
+read -r -a configs <<<"${CONFIGS:-lm-small cls-seed}"
+read -r -a precisions <<<"${PRECISIONS:-fp32 bf16}"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+
+# tokens_per_s of one run.
+run() {
+  "$1" train --config "$repo/examples/configs/$2.json" --steps "$steps" --set "precision=$3" |
+    awk '$1 == "tokens_per_s:" { print $2 }'
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+summary=()
+for config in "${configs[@]}"; do
+  for precision in "${precisions[@]}"; do
+    olds=() news=()
+    for ((i = 0; i < repeats; i++)); do
+      olds+=("$(run "$old" "$config" "$precision")")
+      news+=("$(run "$new" "$config" "$precision")")
+      echo "$config $precision run $((i + 1)): old ${olds[-1]} tokens/s, new ${news[-1]} tokens/s"
+    done
+    o=$(printf '%s\n' "${olds[@]}" | median)
+    n=$(printf '%s\n' "${news[@]}" | median)
+    summary+=("$(printf '%-10s %-5s old %9.1f  new %9.1f  new/old %.3f' "$config" "$precision" "$o" "$n" \
+      "$(awk -v a="$n" -v b="$o" 'BEGIN { print a / b }')")")
+  done
+done
+echo "=== medians of $repeats interleaved runs, $steps timed steps each, one thread"
+printf '%s\n' "${summary[@]}"
+echo "command: REPEATS=$repeats STEPS=$steps CONFIGS=\"${configs[*]}\" PRECISIONS=\"${precisions[*]}\" $0 $old $new"
