@@ -156,16 +156,22 @@ void read_pmix(const EnvMap& vars, const std::string& rank_var, Environment& env
   env.pmix = true;
 }
 
+// Rank, world, local rank and world, and node rank as `src` names them.
+Environment read_ranks(const EnvMap& vars, const Sources& src, Starter starter) {
+  const std::string name = starter_name(starter);
+  Environment env;
+  env.starter = starter;
+  env.rank = parse_int(src.rank, *find(vars, src.rank));
+  env.world_size = required_int(vars, src.world_size, src.rank, name);
+  read_local_pair(vars, src, name, env);
+  env.node_rank = optional_int(vars, src.node_rank).value_or(0);
+  return env;
+}
+
 Environment from_launcher(const EnvMap& vars) {
-  const std::string starter = starter_name(Starter::launcher);
   const Sources src{"DTRAIN_RANK", "DTRAIN_WORLD_SIZE", "DTRAIN_LOCAL_RANK",
                     "DTRAIN_LOCAL_WORLD_SIZE", "DTRAIN_NODE_RANK"};
-  Environment env;
-  env.starter = Starter::launcher;
-  env.rank = parse_int(src.rank, *find(vars, src.rank));
-  env.world_size = required_int(vars, src.world_size, src.rank, starter);
-  read_local_pair(vars, src, starter, env);
-  env.node_rank = optional_int(vars, src.node_rank).value_or(0);
+  Environment env = read_ranks(vars, src, Starter::launcher);
   env.restart = optional_int(vars, "DTRAIN_RESTART").value_or(0);
   if (env.restart < 0) {
     throw Error(
@@ -177,15 +183,9 @@ Environment from_launcher(const EnvMap& vars) {
 }
 
 Environment from_mpirun(const EnvMap& vars) {
-  const std::string starter = starter_name(Starter::mpirun);
   const Sources src{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK"};
-  Environment env;
-  env.starter = Starter::mpirun;
-  env.rank = parse_int(src.rank, *find(vars, src.rank));
-  env.world_size = required_int(vars, src.world_size, src.rank, starter);
-  read_local_pair(vars, src, starter, env);
-  env.node_rank = optional_int(vars, src.node_rank).value_or(0);
+  Environment env = read_ranks(vars, src, Starter::mpirun);
   read_pmix(vars, src.rank, env);
   read_run_vars(vars, env);
   if (env.run_id.empty()) env.run_id = value_or(vars, "SLURM_JOB_ID", "");

@@ -39,16 +39,16 @@ struct Op {
   DType dtype = DType::f32;
   ReduceOp reduce = ReduceOp::sum;
   int root = 0;
-  std::chrono::steady_clock::time_point deadline;
+  std::chrono::steady_clock::time_point deadline{};
   // What must happen before the collective touches its buffers: the end of
   // the kernels that produce `input` (and of those still reading `output`),
   // from the device that owns them (core/fence.h). Null: nothing. The comm
   // thread waits for it on the host, except that a backend that runs on a
   // device waits for a CUDA fence on its own stream instead.
-  FencePtr ready;
+  FencePtr ready = nullptr;
   // Set by the comm thread; a backend that runs on a device calls it once the
   // collective is queued there, with a fence that completes with it.
-  std::function<void(FencePtr done)> launched;
+  std::function<void(FencePtr done)> launched = nullptr;
 
   // "allreduce #12 (f32 x 1048576, sum)"
   std::string describe() const;

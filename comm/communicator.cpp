@@ -118,16 +118,8 @@ namespace {
 
 Op make_op(OpKind kind, const void* input, void* output, std::size_t count, DType dtype, FencePtr ready,
            ReduceOp reduce = ReduceOp::sum, int root = 0) {
-  Op o;
-  o.ready = std::move(ready);
-  o.kind = kind;
-  o.input = input;
-  o.output = output;
-  o.count = count;
-  o.dtype = dtype;
-  o.reduce = reduce;
-  o.root = root;
-  return o;
+  return Op{.kind = kind, .input = input, .output = output, .count = count, .dtype = dtype, .reduce = reduce,
+            .root = root, .ready = std::move(ready)};
 }
 
 }  // namespace

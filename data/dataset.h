@@ -23,6 +23,11 @@ struct DatasetInfo {
   int patch_size = 0;   // patches input: a patch is patch_size x patch_size values
 };
 
+// A language-modelling dataset over tokens.
+inline DatasetInfo lm_tokens_info(std::string name, int seq_len, int vocab_size) {
+  return DatasetInfo{.name = std::move(name), .seq_len = seq_len, .vocab_size = vocab_size};
+}
+
 // One micro-batch of `rows` samples, row-major. Allocated once per Loader slot
 // (make_batch) and overwritten in place, so steady-state steps do not allocate.
 struct Batch {

@@ -17,11 +17,7 @@ constexpr uint64_t kTokenSalt = 0x544f4b;    // "TOK"
 
 SyntheticLmDataset::SyntheticLmDataset(int64_t tokens, int seq_len, int vocab_size, uint64_t seed,
                                        std::string name)
-    : Dataset(DatasetInfo{.name = std::move(name),
-                          .task = Task::kLm,
-                          .input = Input::kTokens,
-                          .seq_len = seq_len,
-                          .vocab_size = vocab_size}),
+    : Dataset(lm_tokens_info(std::move(name), seq_len, vocab_size)),
       seed_(seed),
       windows_(seq_len > 0 ? lm_window_count(tokens, seq_len) : 0) {
   if (vocab_size < 2) {

@@ -8,11 +8,7 @@ namespace dtrain::data {
 TokenStreamDataset::TokenStreamDataset(std::shared_ptr<const std::vector<uint16_t>> stream,
                                        int64_t begin, int64_t end, int seq_len, int vocab_size,
                                        std::string name)
-    : Dataset(DatasetInfo{.name = std::move(name),
-                          .task = Task::kLm,
-                          .input = Input::kTokens,
-                          .seq_len = seq_len,
-                          .vocab_size = vocab_size}),
+    : Dataset(lm_tokens_info(std::move(name), seq_len, vocab_size)),
       stream_(std::move(stream)),
       begin_(begin),
       end_(end),

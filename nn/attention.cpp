@@ -60,14 +60,20 @@ Gemm batched(const AttentionShape& s, DType operands, DType output, std::int64_t
   return g;
 }
 
+// fn(r) for every row r of the [B*H*T, T] score matrices, across threads.
+template <class Fn>
+void for_each_score_row(const AttentionShape& s, Fn fn) {
+  const std::int64_t rows = s.batch * s.heads * s.seq;
+#pragma omp parallel for schedule(static) if (rows * s.seq >= kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) fn(r);
+}
+
 // probs = softmax(scores) row-wise; causal rows keep columns <= i. The exps
 // go back into scores (f32) first, so probs may alias scores.
 template <class F>
 void softmax_rows(const AttentionShape& s, float* scores, typename F::T* probs) {
   const std::int64_t T = s.seq;
-  const std::int64_t rows = s.batch * s.heads * T;
-#pragma omp parallel for schedule(static) if (rows * T >= kParallelMin)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for_each_score_row(s, [&](std::int64_t r) {
     float* e = scores + r * T;
     typename F::T* p = probs + r * T;
     const std::int64_t valid = s.causal ? (r % T) + 1 : T;
@@ -81,7 +87,7 @@ void softmax_rows(const AttentionShape& s, float* scores, typename F::T* probs) 
     const float inv = 1.0f / sum;
     for (std::int64_t j = 0; j < valid; ++j) p[j] = F::store(e[j] * inv);
     for (std::int64_t j = valid; j < T; ++j) p[j] = F::store(0.0f);
-  }
+  });
 }
 
 // dS = P * (dP - rowsum(P * dP)); d_scores may alias dp.
@@ -89,16 +95,14 @@ template <class F>
 void softmax_backward_rows(const AttentionShape& s, const typename F::T* probs, const float* dp,
                            typename F::T* d_scores) {
   const std::int64_t T = s.seq;
-  const std::int64_t rows = s.batch * s.heads * T;
-#pragma omp parallel for schedule(static) if (rows * T >= kParallelMin)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for_each_score_row(s, [&](std::int64_t r) {
     const typename F::T* pr = probs + r * T;
     const float* dr = dp + r * T;
     typename F::T* out = d_scores + r * T;
     float dot = 0.0f;
     for (std::int64_t j = 0; j < T; ++j) dot += F::load(pr[j]) * dr[j];
     for (std::int64_t j = 0; j < T; ++j) out[j] = F::store(F::load(pr[j]) * (dr[j] - dot));
-  }
+  });
 }
 
 }  // namespace

@@ -93,37 +93,29 @@ template <class T, bool kHost>
 class DeviceAllocation {
  public:
   DeviceAllocation() = default;
-  DeviceAllocation(Device& device, std::size_t n) : device_(&device), size_(n) {
-    if (n == 0) return;
-    data_ = static_cast<T*>(kHost ? device.allocate_host(n * sizeof(T)) : device.allocate(n * sizeof(T)));
-  }
-  ~DeviceAllocation() {
-    if (data_ == nullptr) return;
-    if (kHost) {
-      device_->release_host(data_);
-    } else {
-      device_->release(data_);
-    }
-  }
-  DeviceAllocation(DeviceAllocation&& o) noexcept
-      : device_(o.device_), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  DeviceAllocation& operator=(DeviceAllocation&& o) noexcept {
-    std::swap(device_, o.device_);
-    std::swap(data_, o.data_);
-    std::swap(size_, o.size_);
-    return *this;
-  }
-  DeviceAllocation(const DeviceAllocation&) = delete;
-  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
+  DeviceAllocation(Device& device, std::size_t n)
+      : data_(n == 0 ? nullptr
+                     : static_cast<T*>(kHost ? device.allocate_host(n * sizeof(T)) : device.allocate(n * sizeof(T))),
+              Release{&device}),
+        size_(n) {}
 
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  std::size_t size() const { return size_; }
-  std::size_t bytes() const { return size_ * sizeof(T); }
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  std::size_t size() const { return data_ ? size_ : 0; }
+  std::size_t bytes() const { return size() * sizeof(T); }
 
  private:
-  Device* device_ = nullptr;
-  T* data_ = nullptr;
+  struct Release {
+    Device* device = nullptr;
+    void operator()(T* p) const noexcept {
+      if (kHost) {
+        device->release_host(p);
+      } else {
+        device->release(p);
+      }
+    }
+  };
+  std::unique_ptr<T, Release> data_;
   std::size_t size_ = 0;
 };
 

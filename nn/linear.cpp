@@ -21,34 +21,17 @@ void add_rows(const typename F::T* dy, std::int64_t n, std::int64_t out, float* 
 
 // y[n, out] (+)= x[n, in] W^T[in, out]
 Gemm linear_forward_gemm(std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate) {
-  Gemm g;
-  g.m = n;
-  g.n = out;
-  g.k = in;
-  g.trans_b = true;
-  g.accumulate = accumulate;
-  return g;
+  return Gemm{.m = n, .n = out, .k = in, .trans_b = true, .accumulate = accumulate};
 }
 
 // dx[n, in] (+)= dy[n, out] W[out, in]
 Gemm linear_input_grad_gemm(std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate) {
-  Gemm g;
-  g.m = n;
-  g.n = in;
-  g.k = out;
-  g.accumulate = accumulate;
-  return g;
+  return Gemm{.m = n, .n = in, .k = out, .accumulate = accumulate};
 }
 
 // dW[out, in] += dy^T[out, n] x[n, in]
 Gemm linear_weight_grad_gemm(std::int64_t n, std::int64_t in, std::int64_t out) {
-  Gemm g;
-  g.m = out;
-  g.n = in;
-  g.k = n;
-  g.trans_a = true;
-  g.accumulate = true;
-  return g;
+  return Gemm{.m = out, .n = in, .k = n, .trans_a = true, .accumulate = true};
 }
 
 Gemm typed(Gemm g, DType operands, DType output) {
