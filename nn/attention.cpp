@@ -48,16 +48,11 @@ void from_heads(const AttentionShape& s, const T* src, std::int64_t parts, std::
   copy_heads(s, false, dst, parts, part, const_cast<T*>(src));  // only read in this direction
 }
 
-Gemm batched(const AttentionShape& s, DType operands, DType output, std::int64_t m, std::int64_t n,
-             std::int64_t k) {
-  Gemm g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.batch = s.batch * s.heads;
-  g.a_type = g.b_type = operands;
-  g.c_type = output;
-  return g;
+// One product per (batch, head): [m, k] x [k, n] -> [m, n], op(A) / op(B) transposed as asked.
+Gemm batched(const AttentionShape& s, DType operands, DType output, std::int64_t m, std::int64_t n, std::int64_t k,
+             bool trans_a = false, bool trans_b = false, float alpha = 1.0f) {
+  return Gemm{.m = m, .n = n, .k = k, .trans_a = trans_a, .trans_b = trans_b, .alpha = alpha,
+              .batch = s.batch * s.heads, .a_type = operands, .b_type = operands, .c_type = output};
 }
 
 // fn(r) for every row r of the [B*H*T, T] score matrices, across threads.
@@ -111,17 +106,15 @@ template <class F>
 void attention_forward(const AttentionShape& s, const typename F::T* qkv, typename F::T* out,
                        const AttentionSaved<typename F::T>& saved,
                        const AttentionScratch<typename F::T>& scratch) {
+  for (int part = 0; part < 3; ++part) to_heads(s, qkv, 3, part, part == 0 ? saved.q : part == 1 ? saved.k : saved.v);
   const std::int64_t T = s.seq, hd = s.head_dim;
-  const DType h = F::kDType;
-  to_heads(s, qkv, 3, 0, saved.q);
-  to_heads(s, qkv, 3, 1, saved.k);
-  to_heads(s, qkv, 3, 2, saved.v);
-  Gemm scores = batched(s, h, DType::f32, T, T, hd);  // S = Q K^T / sqrt(hd)
-  scores.trans_b = true;
-  scores.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
-  cpu::gemm(scores, static_cast<const void*>(saved.q), saved.k, scratch.scores);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // S = Q K^T / sqrt(hd); P = softmax(S); O = P V
+  cpu::gemm(batched(s, F::kDType, DType::f32, T, T, hd, false, true, scale), static_cast<const void*>(saved.q),
+            saved.k, scratch.scores);
   softmax_rows<F>(s, scratch.scores, saved.probs);
-  cpu::gemm(batched(s, h, h, T, hd, T), static_cast<const void*>(saved.probs), saved.v, scratch.heads);  // O = P V
+  cpu::gemm(batched(s, F::kDType, F::kDType, T, hd, T), static_cast<const void*>(saved.probs), saved.v,
+            scratch.heads);
   from_heads(s, scratch.heads, 1, 0, out);
 }
 
@@ -129,24 +122,19 @@ template <class F>
 void attention_backward(const AttentionShape& s, const typename F::T* d_out, typename F::T* d_qkv,
                         const AttentionSaved<typename F::T>& saved,
                         const AttentionScratch<typename F::T>& scratch) {
-  const std::int64_t T = s.seq, hd = s.head_dim;
-  const DType h = F::kDType;
   to_heads(s, d_out, 1, 0, scratch.heads);
-  Gemm dp = batched(s, h, DType::f32, T, T, hd);  // dP = dO V^T
-  dp.trans_b = true;
-  cpu::gemm(dp, static_cast<const void*>(scratch.heads), saved.v, scratch.scores);
-  Gemm dv = batched(s, h, h, T, hd, T);  // dV = P^T dO
-  dv.trans_a = true;
-  cpu::gemm(dv, static_cast<const void*>(saved.probs), scratch.heads, scratch.dv);
-  softmax_backward_rows<F>(s, saved.probs, scratch.scores, scratch.d_scores);
+  const DType h = F::kDType;
+  const std::int64_t T = s.seq, hd = s.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  Gemm dq = batched(s, h, h, T, hd, T);  // dQ = dS K / sqrt(hd)
-  dq.alpha = scale;
-  cpu::gemm(dq, static_cast<const void*>(scratch.d_scores), saved.k, scratch.dq);
-  Gemm dk = batched(s, h, h, T, hd, T);  // dK = dS^T Q / sqrt(hd)
-  dk.trans_a = true;
-  dk.alpha = scale;
-  cpu::gemm(dk, static_cast<const void*>(scratch.d_scores), saved.q, scratch.dk);
+  // dP = dO V^T; dV = P^T dO; dS = softmax'(dP); dQ = dS K / sqrt(hd); dK = dS^T Q / sqrt(hd)
+  cpu::gemm(batched(s, h, DType::f32, T, T, hd, false, true), static_cast<const void*>(scratch.heads), saved.v,
+            scratch.scores);
+  cpu::gemm(batched(s, h, h, T, hd, T, true), static_cast<const void*>(saved.probs), scratch.heads, scratch.dv);
+  softmax_backward_rows<F>(s, saved.probs, scratch.scores, scratch.d_scores);
+  cpu::gemm(batched(s, h, h, T, hd, T, false, false, scale), static_cast<const void*>(scratch.d_scores), saved.k,
+            scratch.dq);
+  cpu::gemm(batched(s, h, h, T, hd, T, true, false, scale), static_cast<const void*>(scratch.d_scores), saved.q,
+            scratch.dk);
   from_heads(s, scratch.dq, 3, 0, d_qkv);
   from_heads(s, scratch.dk, 3, 1, d_qkv);
   from_heads(s, scratch.dv, 3, 2, d_qkv);
