@@ -54,7 +54,7 @@ class Heartbeat {
   // Where seq comes from; the heartbeat does not keep it alive.
   void set_communicator(const std::shared_ptr<comm::Communicator>& comm);
   // With a source, every publication also sets "metrics/<rank>" to its text
-  // (launcher/metrics_snapshot.h; dtrain-launch --metrics-port). The source
+  // (telemetry/metrics_snapshot.h; dtrain-launch --metrics-port). The source
   // runs on the heartbeat's thread.
   void set_metrics_source(std::function<std::string()> source);
   // The text the next publication carries (for tests).

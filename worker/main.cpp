@@ -16,8 +16,8 @@
 #include "comm/connect.h"
 #include "core/error.h"
 #include "core/process.h"
-#include "launcher/metrics_http.h"
-#include "launcher/metrics_render.h"
+#include "telemetry/metrics_http.h"
+#include "telemetry/metrics_render.h"
 #include "worker/config.h"
 #include "worker/heartbeat.h"
 #include "worker/metrics_publisher.h"
@@ -50,19 +50,19 @@ int testonly_slow_ms(const std::string& spec, int rank) {
 }
 
 // This rank's own /metrics (no launcher needed): the page of one rank.
-std::unique_ptr<dtrain::launcher::MetricsServer> serve_metrics(const std::string& host, int port,
-                                                               const dtrain::cluster::Environment& env,
-                                                               std::shared_ptr<dtrain::worker::LiveMetrics> live) {
+std::unique_ptr<dtrain::telemetry::MetricsServer> serve_metrics(const std::string& host, int port,
+                                                                const dtrain::cluster::Environment& env,
+                                                                std::shared_ptr<dtrain::worker::LiveMetrics> live) {
   if (port <= 0 || !live) return nullptr;
-  auto server = std::make_unique<dtrain::launcher::MetricsServer>(host, port + env.local_rank, [live, env] {
-    dtrain::launcher::JobMetrics job;
+  auto server = std::make_unique<dtrain::telemetry::MetricsServer>(host, port + env.local_rank, [live, env] {
+    dtrain::telemetry::JobMetrics job;
     job.world_size = env.world_size;
     job.round = env.restart;
     job.workers_up = 1;
     job.local_workers_running = 1;
     job.ranks.resize(static_cast<std::size_t>(env.world_size));
     job.ranks[static_cast<std::size_t>(env.rank)] = live->snapshot_fields();
-    return dtrain::launcher::render_prometheus(job);
+    return dtrain::telemetry::render_prometheus(job);
   });
   std::cout << fmt::format("dtrain-worker: rank {} serves /metrics on http://{}:{}/metrics\n", env.rank, host,
                            server->port());
