@@ -298,8 +298,10 @@ std::optional<RoundEnd> Agent::check_hang() {
   const auto now = Clock::now();
   for (int rank = 0; rank < plan_.world_size; ++rank) {
     const std::string key = fmt::format("{}/round{}/heartbeat/{}", options_.run_id, plan_.round, rank);
-    std::optional<Heartbeat> h;
-    if (store_.store->check(key)) h = parse_heartbeat(comm::to_string(store_.store->get(key, milliseconds(5000))));
+    std::optional<telemetry::HeartbeatRecord> h;
+    if (store_.store->check(key)) {
+      h = telemetry::parse_heartbeat(comm::to_string(store_.store->get(key, milliseconds(5000))));
+    }
     hang_->observe(rank, h, now);
   }
   const std::optional<std::string> report = hang_->check(now);
