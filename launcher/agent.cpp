@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/syscall.h"
 #include "launcher/trace_merge.h"
 
 namespace dtrain::launcher {
@@ -77,7 +78,7 @@ void install_launcher_signals() {
   action.sa_handler = on_launcher_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaction(s, &action, nullptr);
+  for (int s : {SIGINT, SIGTERM, SIGUSR1}) DTRAIN_SYSCALL(::sigaction(s, &action, nullptr));
 }
 
 Agent::Agent(LaunchOptions options, cluster::EnvMap env, Console& console)

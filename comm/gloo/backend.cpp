@@ -16,6 +16,7 @@
 #include "comm/gloo/reduce_scatter.h"
 #include "comm/gloo/store_adapter.h"
 #include "core/error.h"
+#include "core/syscall.h"
 
 namespace dtrain::comm::gloo_backend {
 namespace {
@@ -54,12 +55,12 @@ void translate_errors(F&& f) {
 // A handler the program installed itself is left alone.
 void ignore_sigpipe_unless_handled() {
   struct sigaction current {};
-  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  DTRAIN_SYSCALL(::sigaction(SIGPIPE, nullptr, &current));
   if (current.sa_handler != SIG_DFL) return;
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
-  ::sigaction(SIGPIPE, &ignore, nullptr);
+  DTRAIN_SYSCALL(::sigaction(SIGPIPE, &ignore, nullptr));
 }
 
 }  // namespace
