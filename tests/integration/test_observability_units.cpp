@@ -2,6 +2,7 @@
 // round trip, straggler naming against the median, the rendered page (valid
 // for promtool), train.trace_steps parsing, the trace merge, and
 // scripts/plot.sh drawing PNGs from a metrics.jsonl.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -120,6 +121,21 @@ TEST(ObservabilityUnits, TracesMergeWithATrackPerRank) {
   EXPECT_EQ(merged["traceEvents"][1]["pid"], 1);
   EXPECT_EQ(merged["dropped"], 1);
   EXPECT_THROW(launcher::merge_trace_files({dir / "missing.json"}, dir / "x.json"), IoError);
+}
+
+TEST(ObservabilityUnits, ATraceThatIsNotOneIsAnIoErrorNamingTheFile) {
+  TempDir dir;
+  const std::pair<const char*, const char*> kBad[] = {
+      {"cut.json", R"({"traceEvents":[)"},                    // not JSON
+      {"array.json", R"([1, 2])"},                             // not an object
+      {"dropped.json", R"({"dropped":"x","traceEvents":[]})"},  // a field of the wrong type
+  };
+  for (const auto& [name, text] : kBad) {
+    const auto path = dir.write(name, text);
+    EXPECT_THAT([&] { launcher::merge_trace_files({path}, dir / "trace.json"); },
+                ::testing::ThrowsMessage<IoError>(::testing::HasSubstr("the trace '" + path.string() + "'")))
+        << name;
+  }
 }
 
 TEST(ObservabilityUnits, PlotScriptWritesPngs) {
