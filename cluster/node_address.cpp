@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/syscall.h"
 
 extern char** environ;
 
@@ -52,36 +53,69 @@ bool read_until(int fd, Clock::time_point deadline, std::string& out) {
   }
 }
 
-// Runs `argv` (found on PATH) with stdout and stderr captured; returns its
-// output, or nullopt when it could not start, failed or ran past `timeout`.
-std::optional<std::string> capture(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
-                                   std::string& why) {
+// posix_spawn's file actions that send the child's stdout and stderr to `fd`.
+class OutputTo {
+ public:
+  explicit OutputTo(int fd) {
+    DTRAIN_SYSCALL_ERRNUM(::posix_spawn_file_actions_init(&actions_));
+    try {
+      DTRAIN_SYSCALL_ERRNUM(::posix_spawn_file_actions_adddup2(&actions_, fd, 1));
+      DTRAIN_SYSCALL_ERRNUM(::posix_spawn_file_actions_adddup2(&actions_, fd, 2));
+    } catch (...) {
+      ::posix_spawn_file_actions_destroy(&actions_);
+      throw;
+    }
+  }
+  // Unchecked: destroy only frees what init allocated.
+  ~OutputTo() { ::posix_spawn_file_actions_destroy(&actions_); }
+  OutputTo(const OutputTo&) = delete;
+  OutputTo& operator=(const OutputTo&) = delete;
+  const posix_spawn_file_actions_t* get() const { return &actions_; }
+
+ private:
+  posix_spawn_file_actions_t actions_;
+};
+
+// Starts `argv` with its output into a new pipe; returns posix_spawnp's
+// result, and in `read_fd` the pipe's reading end (-1 when it failed).
+int spawn_with_output(const std::vector<std::string>& argv, pid_t& pid, int& read_fd) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno("pipe2", argv[0]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
   std::vector<char*> args;
   std::vector<std::string> copy = argv;
   for (auto& a : copy) args.push_back(a.data());
   args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  if (rc != 0) {
+  int rc = 0;
+  try {
+    const OutputTo output(fds[1]);
+    rc = ::posix_spawnp(&pid, args[0], output.get(), nullptr, args.data(), environ);
+  } catch (...) {
     ::close(fds[0]);
+    ::close(fds[1]);
+    throw;
+  }
+  ::close(fds[1]);
+  if (rc != 0) ::close(fds[0]);
+  read_fd = rc == 0 ? fds[0] : -1;
+  return rc;
+}
+
+// Runs `argv` (found on PATH) with stdout and stderr captured; returns its
+// output, or nullopt when it could not start, failed or ran past `timeout`.
+std::optional<std::string> capture(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                                   std::string& why) {
+  pid_t pid = -1;
+  int read_fd = -1;
+  if (const int rc = spawn_with_output(argv, pid, read_fd); rc != 0) {
     why = fmt::format("cannot run {}: {}", argv[0], std::strerror(rc));
     return std::nullopt;
   }
   std::string out;
-  const bool finished = read_until(fds[0], Clock::now() + timeout, out);
-  ::close(fds[0]);
-  if (!finished) ::kill(pid, SIGKILL);
+  const bool finished = read_until(read_fd, Clock::now() + timeout, out);
+  ::close(read_fd);
+  if (!finished) DTRAIN_SYSCALL(::kill(pid, SIGKILL), argv[0]);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  DTRAIN_SYSCALL(TEMP_FAILURE_RETRY(::waitpid(pid, &status, 0)), argv[0]);
   if (!finished) {
     why = fmt::format("{} did not answer within {} ms", argv[0], timeout.count());
     return std::nullopt;

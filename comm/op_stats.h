@@ -24,7 +24,20 @@
 
 namespace dtrain::comm {
 
-inline constexpr int kNumOpKinds = 5;  // OpKind::allreduce .. OpKind::barrier
+// Every collective kind, in OpKind's order (so static_cast<std::size_t>(kind)
+// indexes per-kind arrays); op_kind_name() names them. The one list that
+// counters, metrics snapshots and pages iterate.
+inline constexpr std::array<OpKind, 5> kOpKinds = {OpKind::allreduce, OpKind::reduce_scatter, OpKind::allgather,
+                                                   OpKind::broadcast, OpKind::barrier};
+inline constexpr int kNumOpKinds = static_cast<int>(kOpKinds.size());
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < kOpKinds.size(); ++i) {
+        if (static_cast<std::size_t>(kOpKinds[i]) != i) return false;
+      }
+      return true;
+    }(),
+    "kOpKinds must list every OpKind in its order");
 
 // A completed operation, as the comm thread ran it.
 struct OpTiming {

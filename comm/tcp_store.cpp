@@ -120,12 +120,9 @@ int connect_once(const std::string& host, std::uint16_t port, Clock::time_point 
       socklen_t len = sizeof(err);
       if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     }
-    if (err == 0) {
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // small frames, answered at once
-      return fd;
-    }
-    last = errno_text(err);
+    const int one = 1;  // TCP_NODELAY: small frames, answered at once
+    if (err == 0 && ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == 0) return fd;
+    last = err != 0 ? errno_text(err) : "setsockopt(TCP_NODELAY): " + errno_text(errno);
     ::close(fd);
   }
   throw ConnectionLost(last);

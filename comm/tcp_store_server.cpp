@@ -16,6 +16,7 @@
 #include "comm/store_table.h"
 #include "comm/tcp_store_session.h"
 #include "core/error.h"
+#include "core/syscall.h"
 
 namespace dtrain::comm {
 
@@ -351,15 +352,18 @@ std::size_t TcpStoreServer::waiter_count() const { return impl_->waiter_count();
 bool tcp_port_in_use(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw_errno("socket", "");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }  // unchecked: a socket (core/syscall.h)
+  } closer{fd};
+  // Without it, a port left in TIME_WAIT would read as in use.
   const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  DTRAIN_SYSCALL(::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), fmt::format("port {}", port));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno == EADDRINUSE;
-  ::close(fd);
-  return in_use;
+  return ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno == EADDRINUSE;
 }
 
 }  // namespace dtrain::comm

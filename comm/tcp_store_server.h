@@ -61,6 +61,7 @@ class TcpStoreServer {
 
 // Whether something already listens on TCP `port` of this machine (on any
 // address): binding it for a moment tells. A launcher's store, or a clash.
+// Throws IoError when no socket can be set up to try.
 bool tcp_port_in_use(int port);
 
 }  // namespace dtrain::comm

@@ -15,7 +15,8 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-// A file or device could not be read or written.
+// A file or device could not be read or written, or a system call failed
+// (core/syscall.h).
 class IoError : public Error {
  public:
   using Error::Error;

@@ -5,7 +5,8 @@ namespace dtrain {
 
 // Keeps freed memory in the process (no trimming, no per-allocation mmap), so
 // a buffer freed and allocated again does not pay page faults a second time.
-// Call first thing in main().
+// Call first thing in main(). Throws IoError when glibc refuses a setting
+// (never under AddressSanitizer, whose allocator has none to set).
 void configure_malloc_for_training();
 
 // Minor page faults of this process so far (getrusage ru_minflt): a cheap

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/syscall.h"
 #include "launcher/trace_merge.h"
 
 namespace dtrain::launcher {
@@ -77,7 +78,7 @@ void install_launcher_signals() {
   action.sa_handler = on_launcher_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaction(s, &action, nullptr);
+  for (int s : {SIGINT, SIGTERM, SIGUSR1}) DTRAIN_SYSCALL(::sigaction(s, &action, nullptr));
 }
 
 Agent::Agent(LaunchOptions options, cluster::EnvMap env, Console& console)
@@ -298,8 +299,10 @@ std::optional<RoundEnd> Agent::check_hang() {
   const auto now = Clock::now();
   for (int rank = 0; rank < plan_.world_size; ++rank) {
     const std::string key = fmt::format("{}/round{}/heartbeat/{}", options_.run_id, plan_.round, rank);
-    std::optional<Heartbeat> h;
-    if (store_.store->check(key)) h = parse_heartbeat(comm::to_string(store_.store->get(key, milliseconds(5000))));
+    std::optional<telemetry::HeartbeatRecord> h;
+    if (store_.store->check(key)) {
+      h = telemetry::parse_heartbeat(comm::to_string(store_.store->get(key, milliseconds(5000))));
+    }
     hang_->observe(rank, h, now);
   }
   const std::optional<std::string> report = hang_->check(now);

@@ -39,7 +39,8 @@ namespace dtrain::launcher {
 enum class AgentState { init, rendezvous, running, stopping, succeeded, failed };
 const char* state_name(AgentState state);  // "INIT", "RENDEZVOUS", ...
 
-// Records SIGINT, SIGTERM and SIGUSR1 for the agent to forward.
+// Records SIGINT, SIGTERM and SIGUSR1 for the agent to forward. Throws
+// IoError when the system refuses the handlers.
 void install_launcher_signals();
 
 class Agent {

@@ -1,7 +1,6 @@
 #include "launcher/hang_monitor.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -18,32 +17,11 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 }  // namespace
 
-std::optional<Heartbeat> parse_heartbeat(const std::string& text) {
-  Heartbeat h;
-  int fields = 0;
-  std::istringstream in(text);
-  for (std::string item; in >> item;) {
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    try {
-      if (key == "beat") h.beat = std::stoll(value), ++fields;
-      if (key == "step") h.step = std::stoll(value), ++fields;
-      if (key == "seq") h.seq = std::stoull(value), ++fields;
-      if (key == "phase") h.phase = value, ++fields;
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-  if (fields < 4) return std::nullopt;
-  return h;
-}
-
 HangMonitor::HangMonitor(int ranks, std::chrono::milliseconds timeout, std::chrono::milliseconds stale,
                          Clock::time_point start)
     : ranks_(static_cast<std::size_t>(ranks), Rank{std::nullopt, start, start}), timeout_(timeout), stale_(stale) {}
 
-void HangMonitor::observe(int rank, const std::optional<Heartbeat>& h, Clock::time_point now) {
+void HangMonitor::observe(int rank, const std::optional<telemetry::HeartbeatRecord>& h, Clock::time_point now) {
   Rank& r = ranks_.at(static_cast<std::size_t>(rank));
   if (!h) return;
   if (!r.last || r.last->beat != h->beat) r.beat_at = now;

@@ -1,9 +1,9 @@
-// HangMonitor: decides from the workers' heartbeats (worker/heartbeat.h,
-// docs/launcher.md "Heartbeats") that a round no longer makes progress, and
-// explains it: which ranks are stuck, in which phase and collective, and which
-// rank is missing (its heartbeat stopped) or behind (an earlier collective).
+// HangMonitor: decides from the workers' heartbeats (docs/launcher.md
+// "Heartbeats") that a round no longer makes progress, and explains it: which
+// ranks are stuck, in which phase and collective, and which rank is missing
+// (its heartbeat stopped) or behind (an earlier collective).
 //
-// A heartbeat is the text "beat=N step=S phase=P seq=Q", stored at
+// A heartbeat (telemetry/heartbeat_format.h) is stored at
 // "<run id>/round<R>/heartbeat/<rank>". `beat` grows while the worker's
 // process runs; step, phase and seq change when it makes progress.
 //
@@ -11,22 +11,13 @@
 #pragma once
 
 #include <chrono>
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "telemetry/heartbeat_format.h"
+
 namespace dtrain::launcher {
-
-struct Heartbeat {
-  std::int64_t beat = 0;
-  std::int64_t step = 0;
-  std::string phase;
-  std::uint64_t seq = 0;  // the last collective the rank submitted (#1, #2, ...)
-};
-
-// nullopt for text that is not a heartbeat.
-std::optional<Heartbeat> parse_heartbeat(const std::string& text);
 
 class HangMonitor {
  public:
@@ -37,14 +28,14 @@ class HangMonitor {
   HangMonitor(int ranks, std::chrono::milliseconds timeout, std::chrono::milliseconds stale, Clock::time_point start);
 
   // The rank's latest heartbeat (nullopt: none yet).
-  void observe(int rank, const std::optional<Heartbeat>& heartbeat, Clock::time_point now);
+  void observe(int rank, const std::optional<telemetry::HeartbeatRecord>& heartbeat, Clock::time_point now);
 
   // A report when the job made no progress for the timeout; nullopt otherwise.
   std::optional<std::string> check(Clock::time_point now) const;
 
  private:
   struct Rank {
-    std::optional<Heartbeat> last;
+    std::optional<telemetry::HeartbeatRecord> last;
     Clock::time_point beat_at;      // when `beat` last changed (start until the first heartbeat)
     Clock::time_point progress_at;  // when step, phase or seq last changed
   };

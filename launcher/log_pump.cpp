@@ -52,8 +52,8 @@ void LogPump::finish(std::chrono::milliseconds timeout) {
   thread_.join();
   for (auto& s : streams_) {
     if (!s.partial.empty()) emit(s, s.partial);
-    ::close(s.source.fd);
-    ::close(s.file_fd);
+    ::close(s.source.fd);  // unchecked (core/syscall.h): a pipe, and a log whose write errors
+    ::close(s.file_fd);    // do not stop the job either (write_all)
   }
   streams_.clear();
 }

@@ -14,8 +14,8 @@
 
 int main(int argc, char** argv) {
   namespace launcher = dtrain::launcher;
-  launcher::install_launcher_signals();
   try {
+    launcher::install_launcher_signals();
     std::string help;
     launcher::LaunchOptions options = launcher::parse_command_line(std::vector<std::string>(argv, argv + argc), &help);
     if (!help.empty()) {

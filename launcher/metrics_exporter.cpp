@@ -4,12 +4,16 @@
 
 #include <fmt/format.h>
 
+#include "telemetry/metrics_snapshot.h"
+
 namespace dtrain::launcher {
+
+using telemetry::JobMetrics;
 
 MetricsExporter::MetricsExporter(const std::string& host, int port, std::chrono::milliseconds interval,
                                  Console& console)
     : console_(console), stale_(std::max(std::chrono::milliseconds(2000), 3 * interval)) {
-  server_ = std::make_unique<MetricsServer>(host, port, [this] { return render(); });
+  server_ = std::make_unique<telemetry::MetricsServer>(host, port, [this] { return render(); });
 }
 
 void MetricsExporter::start_round(int round, int world_size, int restarts) {
@@ -34,7 +38,7 @@ void MetricsExporter::collect(comm::Store& store, const std::string& round_prefi
   for (std::size_t rank = 0; rank < job.ranks.size(); ++rank) {
     const std::string key = fmt::format("{}/metrics/{}", round_prefix, rank);
     if (!store.check(key)) continue;
-    auto snapshot = parse_snapshot(comm::to_string(store.get(key, std::chrono::milliseconds(5000))));
+    auto snapshot = telemetry::parse_snapshot(comm::to_string(store.get(key, std::chrono::milliseconds(5000))));
     if (!snapshot) continue;  // a newer worker's format, or garbage: skip it
     snapshot->rank = static_cast<int>(rank);
     if (!job.ranks[rank] || job.ranks[rank]->publication != snapshot->publication) changed_at_[rank] = now;
@@ -50,7 +54,7 @@ void MetricsExporter::collect(comm::Store& store, const std::string& round_prefi
 
 // A line when the set of stragglers changes, not every interval.
 void MetricsExporter::name_stragglers(const JobMetrics& job) {
-  const std::vector<int> slow = find_stragglers(job.ranks, job.straggler_factor);
+  const std::vector<int> slow = telemetry::find_stragglers(job.ranks, job.straggler_factor);
   if (slow == stragglers_) return;
   stragglers_ = slow;
   if (slow.empty()) {
@@ -82,7 +86,7 @@ std::string MetricsExporter::render() {
     std::lock_guard<std::mutex> lock(mu_);
     job = job_;
   }
-  return render_prometheus(job);
+  return telemetry::render_prometheus(job);
 }
 
 }  // namespace dtrain::launcher

@@ -1,7 +1,8 @@
-// dtrain-launch's /metrics (--metrics-port): an HTTP server (metrics_http.h)
-// over the job's metrics, which the agent collects every monitor interval
-// from the workers' snapshots in the store (metrics_snapshot.h) and renders
-// in the Prometheus format (metrics_render.h). Names the stragglers on the
+// dtrain-launch's /metrics (--metrics-port): an HTTP server
+// (telemetry/metrics_http.h) over the job's metrics, which the agent collects
+// every monitor interval from the workers' snapshots in the store
+// (telemetry/metrics_snapshot.h) and renders in the Prometheus format
+// (telemetry/metrics_render.h). Names the stragglers on the
 // console when the set changes.
 //
 // Threading: start_round() and collect() on the agent's thread (they use its
@@ -18,8 +19,8 @@
 
 #include "comm/store.h"
 #include "launcher/console.h"
-#include "launcher/metrics_http.h"
-#include "launcher/metrics_render.h"
+#include "telemetry/metrics_http.h"
+#include "telemetry/metrics_render.h"
 
 namespace dtrain::launcher {
 
@@ -44,15 +45,15 @@ class MetricsExporter {
   void set_peak_flops(double peak_flops_per_worker);
 
  private:
-  void name_stragglers(const JobMetrics& job);
+  void name_stragglers(const telemetry::JobMetrics& job);
 
   Console& console_;
   std::chrono::milliseconds stale_;
   std::mutex mu_;
-  JobMetrics job_;                             // guarded by mu_
-  std::vector<Clock::time_point> changed_at_;  // agent thread only
-  std::vector<int> stragglers_;                // agent thread only
-  std::unique_ptr<MetricsServer> server_;      // last: stops before the state it reads goes
+  telemetry::JobMetrics job_;                         // guarded by mu_
+  std::vector<Clock::time_point> changed_at_;         // agent thread only
+  std::vector<int> stragglers_;                       // agent thread only
+  std::unique_ptr<telemetry::MetricsServer> server_;  // last: stops before the state it reads goes
 };
 
 }  // namespace dtrain::launcher

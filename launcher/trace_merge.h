@@ -16,12 +16,14 @@
 
 namespace dtrain::launcher {
 
-// Concatenates the traceEvents of `inputs` into `output`. Throws IoError when
-// an input cannot be read or parsed, or the output cannot be written.
+// Concatenates the traceEvents of `inputs` into `output`. Throws IoError
+// naming the file when an input cannot be read, is not JSON or not a Chrome
+// trace, or the output cannot be written.
 void merge_trace_files(const std::vector<std::filesystem::path>& inputs, const std::filesystem::path& output);
 
 // The traces the round's ranks recorded under `round_prefix` merged into
 // trace.json beside the first; returns its path, nullopt when no rank wrote one.
+// Throws IoError as merge_trace_files does, CommError when the store fails.
 std::optional<std::string> merge_round_traces(comm::Store& store, const std::string& round_prefix, int world_size);
 
 }  // namespace dtrain::launcher

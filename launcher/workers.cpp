@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/syscall.h"
 
 namespace dtrain::launcher {
 namespace {
@@ -41,16 +42,18 @@ ExecImage make_image(const std::vector<std::string>& command, std::map<std::stri
   return image;
 }
 
+// A failure before exec ends the child with exit code 127, its reason
+// written to the rank's log (out_fd).
 [[noreturn]] void exec_child(const ExecImage& image, int out_fd, int null_fd, pid_t parent) {
-  ::setpgid(0, 0);
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  DTRAIN_SYSCALL_IN_CHILD(::setpgid(0, 0), out_fd);
+  DTRAIN_SYSCALL_IN_CHILD(::prctl(PR_SET_PDEATHSIG, SIGKILL), out_fd);
   if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
   sigset_t none;
   sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::dup2(null_fd, 0);
-  ::dup2(out_fd, 1);
-  ::dup2(out_fd, 2);
+  DTRAIN_SYSCALL_IN_CHILD(::sigprocmask(SIG_SETMASK, &none, nullptr), out_fd);
+  DTRAIN_SYSCALL_IN_CHILD(::dup2(null_fd, 0), out_fd);
+  DTRAIN_SYSCALL_IN_CHILD(::dup2(out_fd, 1), out_fd);
+  DTRAIN_SYSCALL_IN_CHILD(::dup2(out_fd, 2), out_fd);
   ::execvpe(image.argv[0], image.argv.data(), image.envp.data());
   [[maybe_unused]] const ssize_t n = ::write(2, image.failure.data(), image.failure.size());
   ::_exit(127);
@@ -97,7 +100,10 @@ void WorkerGroup::start(const std::vector<std::string>& command, const std::map<
       stop(std::chrono::milliseconds(0), SIGKILL);
       throw_errno(fmt::format("fork for rank {}", spec.rank), command.front());
     }
-    ::setpgid(pid, pid);  // also here, so a signal sent right away reaches the group
+    // Also here, so a signal sent right away reaches the group. Unchecked: the
+    // child's own setpgid(0, 0) is the one that must work (a failure there
+    // ends it with 127), and this one fails with EACCES once it has exec'd.
+    ::setpgid(pid, pid);
     procs_.push_back({spec.rank, pid, true, 0});
     sources.push_back({fds[0], spec.rank, log_dir / fmt::format("rank_{}.log", spec.rank)});
   }
@@ -140,9 +146,17 @@ bool WorkerGroup::all_succeeded() const {
   return true;
 }
 
+// Reported rather than thrown, so that the other groups are still signalled:
+// this runs on the way out, also from the destructor. A running worker's
+// group holds at least its zombie, so even ESRCH means the worker left it.
 void WorkerGroup::signal_all(int signal) {
   for (const Proc& p : procs_) {
-    if (p.running) ::kill(-p.pid, signal);
+    if (!p.running) continue;
+    try {
+      DTRAIN_SYSCALL(::kill(-p.pid, signal), fmt::format("cannot send {} to rank {}", signal_name(signal), p.rank));
+    } catch (const IoError& e) {
+      console_.say(e.what());
+    }
   }
 }
 

@@ -60,7 +60,8 @@ class WorkerGroup {
   int running() const;  // workers not yet reaped
   bool all_succeeded() const;  // every worker exited with code 0
 
-  // Sends `signal` to every running worker's process group.
+  // Sends `signal` to every running worker's process group; a group that
+  // cannot be signalled is named on the console, not thrown.
   void signal_all(int signal);
   // SIGTERM (unless `first` says otherwise), up to `grace` for the workers
   // to exit, SIGKILL for the rest; reaps all and finishes the log pump.

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/syscall.h"
 #include "worker/checkpointing.h"
 #include "worker/config.h"
 #include "worker/trainer.h"
@@ -30,7 +31,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// A file descriptor that closes itself.
+// A file descriptor that closes itself (unchecked: see core/syscall.h; the
+// files written here are fsynced first).
 struct Fd {
   int fd;
   Fd(const fs::path& path, int flags) : fd(::open(path.c_str(), flags | O_CLOEXEC, 0644)) {
@@ -40,10 +42,12 @@ struct Fd {
 };
 
 // Drops the file's pages from the page cache (they are clean after fsync),
-// so the next read comes from the device.
+// so the next read comes from the device. A failure throws: the "cold" read
+// would silently be measured warm.
 void drop_cache(const fs::path& path) {
   Fd f(path, O_RDONLY);
-  ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+  DTRAIN_SYSCALL_ERRNUM(::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED),
+                        fmt::format("cannot drop '{}' from the page cache for a cold read", path.string()));
 }
 
 void drop_cache_of_dir(const fs::path& dir) {

@@ -77,7 +77,6 @@ CLI::App* add_checkpoint_command(CLI::App& app, dtrain::tools::CheckpointBenchOp
 }
 
 int main(int argc, char** argv) {
-  dtrain::configure_malloc_for_training();
   CLI::App app{"dtrain-bench: training and communication benchmarks"};
   app.require_subcommand(1);
   dtrain::tools::TrainBenchOptions train;
@@ -93,6 +92,7 @@ int main(int argc, char** argv) {
       add_collective_command(app, "broadcast", "broadcast bandwidth and correctness", collective)};
   CLI11_PARSE(app, argc, argv);
   try {
+    dtrain::configure_malloc_for_training();  // before any benchmark allocates
     if (train_cmd->parsed()) return dtrain::tools::run_train_bench(train);
     if (checkpoint_cmd->parsed()) return dtrain::tools::run_checkpoint_bench(checkpoint);
     for (CLI::App* cmd : collective_cmds) {

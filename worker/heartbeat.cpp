@@ -7,6 +7,7 @@
 #include "cluster/environment.h"
 #include "comm/tcp_store.h"
 #include "core/error.h"
+#include "telemetry/heartbeat_format.h"
 
 namespace dtrain::worker {
 
@@ -85,8 +86,8 @@ std::string Heartbeat::text() {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto comm = comm_.lock()) seq = comm->last_seq();
   }
-  return fmt::format("beat={} step={} phase={} seq={}", beat_.load(), step_.load(), phase_name(static_cast<Phase>(phase_.load())),
-                     seq);
+  return telemetry::encode_heartbeat(
+      {beat_.load(), step_.load(), phase_name(static_cast<Phase>(phase_.load())), seq});
 }
 
 void Heartbeat::run() {

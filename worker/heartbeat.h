@@ -1,13 +1,10 @@
 // Heartbeat: the worker's side of dtrain-launch's hang detection
 // (docs/launcher.md, "Heartbeats"). A thread publishes, every interval, the
-// text "beat=N step=S phase=P seq=Q" at "heartbeat/<rank>" in the run's
-// store, scoped like the worker's other keys ("<run id>/round<R>/"):
-//   beat   grows with every publication (the process is alive)
-//   step   optimizer steps done
-//   phase  startup, forward, backward, optimizer, eval, checkpoint, done
-//   seq    the communicator's last collective (Communicator::last_seq)
-// The launcher reads them and, past --hang-timeout without progress, names
-// the stuck and missing ranks.
+// text "beat=N step=S phase=P seq=Q" (telemetry/heartbeat_format.h: beat,
+// step, phase, last collective) at "heartbeat/<rank>" in the run's store,
+// scoped like the worker's other keys ("<run id>/round<R>/"). The launcher
+// reads them and, past --hang-timeout without progress, names the stuck and
+// missing ranks.
 //
 // Off unless DTRAIN_HEARTBEAT_S is set (dtrain-launch sets it). The thread
 // uses its own store connection, so a rank waiting in the store (a
@@ -54,7 +51,7 @@ class Heartbeat {
   // Where seq comes from; the heartbeat does not keep it alive.
   void set_communicator(const std::shared_ptr<comm::Communicator>& comm);
   // With a source, every publication also sets "metrics/<rank>" to its text
-  // (launcher/metrics_snapshot.h; dtrain-launch --metrics-port). The source
+  // (telemetry/metrics_snapshot.h; dtrain-launch --metrics-port). The source
   // runs on the heartbeat's thread.
   void set_metrics_source(std::function<std::string()> source);
   // The text the next publication carries (for tests).

@@ -16,8 +16,8 @@
 #include "comm/connect.h"
 #include "core/error.h"
 #include "core/process.h"
-#include "launcher/metrics_http.h"
-#include "launcher/metrics_render.h"
+#include "telemetry/metrics_http.h"
+#include "telemetry/metrics_render.h"
 #include "worker/config.h"
 #include "worker/heartbeat.h"
 #include "worker/metrics_publisher.h"
@@ -50,19 +50,19 @@ int testonly_slow_ms(const std::string& spec, int rank) {
 }
 
 // This rank's own /metrics (no launcher needed): the page of one rank.
-std::unique_ptr<dtrain::launcher::MetricsServer> serve_metrics(const std::string& host, int port,
-                                                               const dtrain::cluster::Environment& env,
-                                                               std::shared_ptr<dtrain::worker::LiveMetrics> live) {
+std::unique_ptr<dtrain::telemetry::MetricsServer> serve_metrics(const std::string& host, int port,
+                                                                const dtrain::cluster::Environment& env,
+                                                                std::shared_ptr<dtrain::worker::LiveMetrics> live) {
   if (port <= 0 || !live) return nullptr;
-  auto server = std::make_unique<dtrain::launcher::MetricsServer>(host, port + env.local_rank, [live, env] {
-    dtrain::launcher::JobMetrics job;
+  auto server = std::make_unique<dtrain::telemetry::MetricsServer>(host, port + env.local_rank, [live, env] {
+    dtrain::telemetry::JobMetrics job;
     job.world_size = env.world_size;
     job.round = env.restart;
     job.workers_up = 1;
     job.local_workers_running = 1;
     job.ranks.resize(static_cast<std::size_t>(env.world_size));
     job.ranks[static_cast<std::size_t>(env.rank)] = live->snapshot_fields();
-    return dtrain::launcher::render_prometheus(job);
+    return dtrain::telemetry::render_prometheus(job);
   });
   std::cout << fmt::format("dtrain-worker: rank {} serves /metrics on http://{}:{}/metrics\n", env.rank, host,
                            server->port());
@@ -77,91 +77,137 @@ void share_cores(const dtrain::cluster::Environment& env) {
   omp_set_num_threads(std::max(1, cores / env.local_world_size));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  dtrain::configure_malloc_for_training();
-  dtrain::worker::install_stop_signals();
-  CLI::App app{"dtrain-worker: one rank of a dtrain training job"};
+// The command line.
+struct WorkerArgs {
   std::string config_path;
   std::vector<std::string> overrides;
-  app.add_option("--config", config_path, "training config (JSON)")->required();
-  app.add_option("--set", overrides, "override a config field: --set train.steps=100")
-      ->take_all();
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
   std::string slow_rank;
-  app.add_option("--metrics-port", metrics_port, "serve Prometheus /metrics on this port plus the local rank (0: off)");
-  app.add_option("--metrics-host", metrics_host, "the address /metrics listens on");
-  app.add_option("--testonly-slow-rank", slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    const dtrain::config::Config config = dtrain::worker::load_config(config_path, overrides);
-    // Who this process is (dtrain-launch, mpirun, srun or alone), the run's
-    // store and the communicator; a failed collective leaves a comm thread
-    // that may never return, so errors end the process with _Exit below.
-    const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
-    const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
-    // Under dtrain-launch: step, phase and collective for its hang detection.
-    const auto heartbeat = dtrain::worker::Heartbeat::from_environment(env, dtrain::cluster::process_environment());
-    // Under srun without DTRAIN_TOKEN, rank 0 hands the others a random token
-    // through a file in out_dir, which every node sees.
-    dtrain::comm::OpenedStore store = dtrain::comm::open_store(env, timeout, config.train().out_dir());
-    dtrain::comm::ConnectOptions connect;
-    connect.backend = config.parallel().backend();
-    connect.device = config.device();
-    connect.timeout = timeout;
-    connect.store = store.store;
-    std::shared_ptr<dtrain::comm::Communicator> comm = dtrain::comm::connect(env, connect);
-    // device cuda on several ranks: nccl carries the gradients in GPU memory;
-    // the host-side collectives (initialisation check, loss, stop flags,
-    // checkpoints) need a CPU backend beside it (gloo, or mpi under mpirun).
-    std::shared_ptr<dtrain::comm::Communicator> device_comm;
-    if (config.device() == "cuda" && env.world_size > 1 && std::string_view(comm->backend_name()) == "nccl") {
-      device_comm = std::move(comm);
-      dtrain::comm::ConnectOptions host = connect;
-      host.backend = "auto";
-      host.device = "cpu";
-      host.name = "host";
-      comm = dtrain::comm::connect(env, host);
-    }
-    if (heartbeat) heartbeat->set_communicator(comm);
-    // /metrics: published for dtrain-launch (DTRAIN_METRICS) and/or served here.
-    const bool publish = heartbeat && std::getenv("DTRAIN_METRICS") != nullptr;
-    std::shared_ptr<dtrain::worker::LiveMetrics> live;
-    if (publish || metrics_port > 0) {
-      live = std::make_shared<dtrain::worker::LiveMetrics>(env.rank, env.world_size);
-      live->set_communicator(comm);
-    }
-    if (publish) heartbeat->set_metrics_source([live] { return live->snapshot(); });
-    const auto metrics_server = serve_metrics(metrics_host, metrics_port, env, live);
-    share_cores(env);
-    const bool rank0 = comm->rank() == 0;
-    if (rank0) {
-      std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
-                               "ZeRO stage {}\n",
-                               config.model().kind(), config.train().steps(), config.train().out_dir(),
-                               env.world_size, dtrain::cluster::starter_name(env.starter), comm->backend_name(),
-                               config.parallel().zero_stage());
-    }
-    dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
+};
+
+void add_options(CLI::App& app, WorkerArgs& args) {
+  app.add_option("--config", args.config_path, "training config (JSON)")->required();
+  app.add_option("--set", args.overrides, "override a config field: --set train.steps=100")
+      ->take_all();
+  app.add_option("--metrics-port", args.metrics_port,
+                 "serve Prometheus /metrics on this port plus the local rank (0: off)");
+  app.add_option("--metrics-host", args.metrics_host, "the address /metrics listens on");
+  app.add_option("--testonly-slow-rank", args.slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
+}
+
+// The trainer's communicators: `comm` for every collective, except that with
+// device cuda on several ranks nccl carries the gradients in GPU memory
+// (`device_comm`) and the host-side collectives (initialisation check, loss,
+// stop flags, checkpoints) need a CPU backend beside it (gloo, or mpi under
+// mpirun) in `comm`.
+struct Communicators {
+  std::shared_ptr<dtrain::comm::Communicator> comm;
+  std::shared_ptr<dtrain::comm::Communicator> device_comm;
+};
+
+Communicators connect_communicators(const dtrain::config::Config& config, const dtrain::cluster::Environment& env,
+                                    const dtrain::comm::OpenedStore& store, dtrain::comm::Duration timeout) {
+  dtrain::comm::ConnectOptions connect;
+  connect.backend = config.parallel().backend();
+  connect.device = config.device();
+  connect.timeout = timeout;
+  connect.store = store.store;
+  Communicators c;
+  c.comm = dtrain::comm::connect(env, connect);
+  if (config.device() == "cuda" && env.world_size > 1 && std::string_view(c.comm->backend_name()) == "nccl") {
+    c.device_comm = std::move(c.comm);
+    dtrain::comm::ConnectOptions host = connect;
+    host.backend = "auto";
+    host.device = "cpu";
+    host.name = "host";
+    c.comm = dtrain::comm::connect(env, host);
+  }
+  return c;
+}
+
+// The figures for /metrics: published for dtrain-launch (DTRAIN_METRICS,
+// through the heartbeat) and/or served here (--metrics-port); null when neither.
+std::shared_ptr<dtrain::worker::LiveMetrics> live_metrics(dtrain::worker::Heartbeat* heartbeat, int metrics_port,
+                                                          const dtrain::cluster::Environment& env,
+                                                          const std::shared_ptr<dtrain::comm::Communicator>& comm) {
+  const bool publish = heartbeat != nullptr && std::getenv("DTRAIN_METRICS") != nullptr;
+  if (!publish && metrics_port <= 0) return nullptr;
+  auto live = std::make_shared<dtrain::worker::LiveMetrics>(env.rank, env.world_size);
+  live->set_communicator(comm);
+  if (publish) heartbeat->set_metrics_source([live] { return live->snapshot(); });
+  return live;
+}
+
+void print_start(const dtrain::config::Config& config, const dtrain::cluster::Environment& env,
+                 const dtrain::comm::Communicator& comm) {
+  std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
+                           "ZeRO stage {}\n",
+                           config.model().kind(), config.train().steps(), config.train().out_dir(),
+                           env.world_size, dtrain::cluster::starter_name(env.starter), comm.backend_name(),
+                           config.parallel().zero_stage());
+}
+
+// dtrain-launch merges the ranks' traces (launcher/trace_merge.h).
+void publish_trace(const dtrain::worker::Trainer& trainer, const dtrain::comm::OpenedStore& store,
+                   const dtrain::cluster::Environment& env) {
+  if (const auto trace = trainer.trace_file(); trace && store.store) {
+    store.store->set(fmt::format("trace/{}", env.rank), dtrain::comm::to_bytes(trace->string()));
+  }
+}
+
+void print_end(const dtrain::worker::TrainSummary& summary) {
+  print_summary(summary);
+  if (summary.stopped_by_signal != 0) {
+    std::cout << "dtrain-worker: stopped early on a signal after saving; resume with checkpoint.resume=auto\n";
+  }
+}
+
+// Who this process is (dtrain-launch, mpirun, srun or alone), the run's
+// store and the communicators, then the training run.
+int train(const WorkerArgs& args) {
+  const dtrain::config::Config config = dtrain::worker::load_config(args.config_path, args.overrides);
+  const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
+  const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
+  // Under dtrain-launch: step, phase and collective for its hang detection.
+  const auto heartbeat = dtrain::worker::Heartbeat::from_environment(env, dtrain::cluster::process_environment());
+  // Under srun without DTRAIN_TOKEN, rank 0 hands the others a random token
+  // through a file in out_dir, which every node sees.
+  dtrain::comm::OpenedStore store = dtrain::comm::open_store(env, timeout, config.train().out_dir());
+  const auto [comm, device_comm] = connect_communicators(config, env, store, timeout);
+  if (heartbeat) heartbeat->set_communicator(comm);
+  const auto live = live_metrics(heartbeat.get(), args.metrics_port, env, comm);
+  const auto metrics_server = serve_metrics(args.metrics_host, args.metrics_port, env, live);
+  share_cores(env);
+  const bool rank0 = comm->rank() == 0;
+  if (rank0) print_start(config, env, *comm);
+  dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
                                                        .device_comm = device_comm,
                                                        .cuda_device = config.device() == "cuda"
                                                                           ? dtrain::comm::cuda_device_for(env)
                                                                           : 0,
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
-                                                       .testonly_slow_ms = testonly_slow_ms(slow_rank, env.rank)});
-    const dtrain::worker::TrainSummary summary = trainer.run();
-    // dtrain-launch merges the ranks' traces (launcher/trace_merge.h).
-    if (const auto trace = trainer.trace_file(); trace && store.store) {
-      store.store->set(fmt::format("trace/{}", env.rank), dtrain::comm::to_bytes(trace->string()));
-    }
-    if (rank0) print_summary(summary);
-    if (rank0 && summary.stopped_by_signal != 0) {
-      std::cout << "dtrain-worker: stopped early on a signal after saving; resume with checkpoint.resume=auto\n";
-    }
-    return 0;
+                                                       .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});
+  const dtrain::worker::TrainSummary summary = trainer.run();
+  publish_trace(trainer, store, env);
+  if (rank0) print_end(summary);
+  return 0;
+}
+
+}  // namespace
+
+// Errors end the process with exit code 2 (3 for an unexpected one); a failed
+// collective may leave a comm thread that never returns, hence _Exit.
+int main(int argc, char** argv) {
+  try {
+    dtrain::configure_malloc_for_training();
+    dtrain::worker::install_stop_signals();
+    CLI::App app{"dtrain-worker: one rank of a dtrain training job"};
+    WorkerArgs args;
+    add_options(app, args);
+    CLI11_PARSE(app, argc, argv);
+    return train(args);
   } catch (const dtrain::TimeoutError& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << std::endl;
     std::_Exit(2);  // the comm thread may be stuck inside a library call

@@ -35,9 +35,9 @@ void LiveMetrics::record_checkpoint(double write_seconds, double blocked_seconds
   saves_.fetch_add(1, std::memory_order_relaxed);
 }
 
-launcher::RankSnapshot LiveMetrics::snapshot_fields() {
+telemetry::RankSnapshot LiveMetrics::snapshot_fields() {
   std::lock_guard<std::mutex> lock(mu_);
-  launcher::RankSnapshot s;
+  telemetry::RankSnapshot s;
   const std::int64_t steps = steps_recorded_.load(std::memory_order_acquire);
   const double compute = compute_total_.load(std::memory_order_relaxed);
   if (steps > prev_steps_) {
@@ -60,14 +60,14 @@ launcher::RankSnapshot LiveMetrics::snapshot_fields() {
   s.checkpoint_save_seconds = save_s_.load(std::memory_order_relaxed);
   s.checkpoint_blocked_seconds = blocked_s_.load(std::memory_order_relaxed);
   if (auto comm = comm_.lock()) {
-    for (int k = 0; k < comm::kNumOpKinds; ++k) {
-      const comm::OpStats::Totals t = comm->op_stats().totals(static_cast<comm::OpKind>(k));
-      s.collectives[static_cast<std::size_t>(k)] = {t.count, t.bytes, t.seconds};
+    for (const comm::OpKind kind : comm::kOpKinds) {
+      const comm::OpStats::Totals t = comm->op_stats().totals(kind);
+      s.collective(kind) = {t.count, t.bytes, t.seconds};
     }
   }
   return s;
 }
 
-std::string LiveMetrics::snapshot() { return launcher::encode_snapshot(snapshot_fields()); }
+std::string LiveMetrics::snapshot() { return telemetry::encode_snapshot(snapshot_fields()); }
 
 }  // namespace dtrain::worker

@@ -1,5 +1,5 @@
 // LiveMetrics: the figures of the running training that /metrics shows
-// (launcher/metrics_snapshot.h). The training thread records each step into
+// (telemetry/metrics_snapshot.h). The training thread records each step into
 // atomics (no allocation, no lock); snapshot() turns them into the snapshot
 // text, which the heartbeat thread publishes in the store for dtrain-launch
 // (DTRAIN_METRICS) and the worker's own /metrics server renders
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "launcher/metrics_snapshot.h"
+#include "telemetry/metrics_snapshot.h"
 
 namespace dtrain::worker {
 
@@ -41,10 +41,10 @@ class LiveMetrics {
   // A committed checkpoint save (worker/checkpointing.h: SaveTimes).
   void record_checkpoint(double write_seconds, double blocked_seconds);
 
-  // The snapshot as launcher::encode_snapshot writes it; compute_s is the
+  // The snapshot as telemetry::encode_snapshot writes it; compute_s is the
   // mean over the steps since the previous call.
   std::string snapshot();
-  launcher::RankSnapshot snapshot_fields();
+  telemetry::RankSnapshot snapshot_fields();
 
  private:
   int rank_;

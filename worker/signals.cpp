@@ -2,6 +2,8 @@
 
 #include <csignal>
 
+#include "core/syscall.h"
+
 namespace dtrain::worker {
 namespace {
 
@@ -16,8 +18,8 @@ void install_stop_signals() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // a system call in flight goes on
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGUSR1, &action, nullptr);
+  DTRAIN_SYSCALL(::sigaction(SIGTERM, &action, nullptr));
+  DTRAIN_SYSCALL(::sigaction(SIGUSR1, &action, nullptr));
 }
 
 int stop_signal() { return g_stop_signal; }

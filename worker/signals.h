@@ -7,6 +7,7 @@
 namespace dtrain::worker {
 
 // Installs the handlers (dtrain-worker's main; not the library's business).
+// Throws IoError when the system refuses them.
 void install_stop_signals();
 // The signal received so far, 0 when none.
 int stop_signal();

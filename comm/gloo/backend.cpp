@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <cstring>
+#include <exception>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <gloo/allgather.h>
@@ -16,6 +18,7 @@
 #include "comm/gloo/reduce_scatter.h"
 #include "comm/gloo/store_adapter.h"
 #include "core/error.h"
+#include "core/syscall.h"
 
 namespace dtrain::comm::gloo_backend {
 namespace {
@@ -31,19 +34,27 @@ std::chrono::milliseconds time_left(const Op& op) {
 // gloo tags are 32 bits; operations run one at a time, so wrapping is harmless.
 std::uint32_t tag_of(const Op& op) { return static_cast<std::uint32_t>(op.seq); }
 
-// Translates gloo's exceptions into dtrain's, keeping gloo's text.
+// Runs `f`, a call into gloo doing `operation` ("allreduce"), and turns what
+// gloo throws into dtrain's errors, keeping gloo's text: "gloo allreduce:
+// <text>", a TimeoutError when gloo timed out, a CommError otherwise (any
+// std::exception, so that none leaves the backend untyped). dtrain's own
+// errors (the store under the rendezvous, ring_reduce_scatter) pass as they are.
 template <typename F>
-void translate_errors(F&& f) {
+void translate_errors(std::string_view operation, F&& f) {
+  const auto text = [operation](const std::exception& e) { return fmt::format("gloo {}: {}", operation, e.what()); };
   try {
     f();
+  } catch (const Error&) {
+    throw;
   } catch (const ::gloo::IoException& e) {
-    const std::string what = e.what();
-    if (what.find("Timed out") != std::string::npos) throw TimeoutError("gloo: " + what);
-    throw CommError("gloo: " + what);
+    if (std::string_view(e.what()).find("Timed out") != std::string_view::npos) throw TimeoutError(text(e));
+    throw CommError(text(e));
   } catch (const ::gloo::Exception& e) {
-    throw CommError(std::string("gloo: ") + e.what());
+    throw CommError(text(e));
   } catch (const ::gloo::EnforceNotMet& e) {
-    throw CommError(std::string("gloo: ") + e.what());
+    throw CommError(text(e));
+  } catch (const std::exception& e) {
+    throw CommError(text(e));
   }
 }
 
@@ -54,12 +65,12 @@ void translate_errors(F&& f) {
 // A handler the program installed itself is left alone.
 void ignore_sigpipe_unless_handled() {
   struct sigaction current {};
-  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  DTRAIN_SYSCALL(::sigaction(SIGPIPE, nullptr, &current));
   if (current.sa_handler != SIG_DFL) return;
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
-  ::sigaction(SIGPIPE, &ignore, nullptr);
+  DTRAIN_SYSCALL(::sigaction(SIGPIPE, &ignore, nullptr));
 }
 
 }  // namespace
@@ -69,12 +80,14 @@ GlooBackend::GlooBackend(int rank, int world_size, std::shared_ptr<Store> store,
     : rank_(rank), world_size_(world_size) {
   ignore_sigpipe_unless_handled();
   ::gloo::transport::tcp::attr attr(hostname.c_str());
-  auto device = ::gloo::transport::tcp::CreateDevice(attr);
+  std::shared_ptr<::gloo::transport::Device> device;
+  translate_errors(fmt::format("device on {}", hostname),
+                   [&] { device = ::gloo::transport::tcp::CreateDevice(attr); });
   context_ = std::make_shared<::gloo::rendezvous::Context>(rank, world_size);
   context_->setTimeout(timeout);
   StoreAdapter adapter(std::move(store), timeout);
   try {
-    translate_errors([&] { context_->connectFullMesh(adapter, device); });
+    translate_errors("connect", [&] { context_->connectFullMesh(adapter, device); });
   } catch (const Error& e) {
     throw CommError(fmt::format(
         "rank {}: gloo could not connect to the other {} rank(s) within {} ms: {}. Check that every "
@@ -84,7 +97,7 @@ GlooBackend::GlooBackend(int rank, int world_size, std::shared_ptr<Store> store,
 }
 
 void GlooBackend::run(const Op& op) {
-  translate_errors([&] {
+  translate_errors(op_kind_name(op.kind), [&] {
     switch (op.kind) {
       case OpKind::allreduce: return allreduce(op);
       case OpKind::reduce_scatter: return reduce_scatter(op);

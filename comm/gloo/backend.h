@@ -1,5 +1,7 @@
 // The gloo backend: CPU collectives over gloo's TCP transport; ranks find
-// each other through the run's comm::Store (see store_adapter.h).
+// each other through the run's comm::Store (see store_adapter.h). Nothing
+// gloo throws leaves it: gloo's errors become TimeoutError (gloo timed out)
+// or CommError, "gloo <operation>: <gloo's text>".
 #pragma once
 
 #include <memory>

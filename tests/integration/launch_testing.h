@@ -1,5 +1,6 @@
 // Shared by the dtrain-launch tests: starting the launcher as a real
-// process, waiting for lines in its output, comparing metrics.jsonl files.
+// process, comparing metrics.jsonl files (waiting for lines in its output:
+// support/processes.h).
 #pragma once
 
 #include <signal.h>
@@ -54,27 +55,6 @@ inline Spawned start_launch(const std::vector<std::string>& args, const std::vec
   argv.push_back("--");
   argv.insert(argv.end(), command.begin(), command.end());
   return spawn_process(argv, env, log);
-}
-
-// Waits until a line of `path` holds a match of `pattern` and returns the match and its
-// groups; empty when `timeout` passes first.
-inline std::vector<std::string> wait_for_text(const std::string& path, const std::string& pattern,
-                                              std::chrono::milliseconds timeout) {
-  const std::regex re(pattern);
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  std::size_t lines_seen = 0;  // lines already searched (patterns match within one line)
-  for (;;) {
-    std::ifstream in(path);
-    std::size_t n = 0;
-    for (std::string line; std::getline(in, line); ++n) {
-      std::smatch m;
-      if (n < lines_seen || !std::regex_search(line, m, re)) continue;
-      return std::vector<std::string>(m.begin(), m.end());
-    }
-    lines_seen = n > 0 ? n - 1 : 0;  // the last line may still be growing
-    if (std::chrono::steady_clock::now() > until) return {};
-    std::this_thread::sleep_for(20ms);
-  }
 }
 
 // The step lines of metrics.jsonl without their timing fields, and the other

@@ -73,25 +73,25 @@ TEST(LaunchOptions, MistakesAreErrorsThatSayWhatToDo) {
 }
 
 TEST(HangMonitor, ParsesHeartbeats) {
-  const auto h = parse_heartbeat("beat=7 step=12 phase=backward seq=88");
+  const auto h = telemetry::parse_heartbeat("beat=7 step=12 phase=backward seq=88");
   ASSERT_TRUE(h);
   EXPECT_EQ(h->beat, 7);
   EXPECT_EQ(h->step, 12);
   EXPECT_EQ(h->phase, "backward");
   EXPECT_EQ(h->seq, 88u);
-  EXPECT_FALSE(parse_heartbeat("hello"));
+  EXPECT_FALSE(telemetry::parse_heartbeat("hello"));
 }
 
 TEST(HangMonitor, NamesTheMissingRankAndTheStuckOnes) {
   const auto t0 = HangMonitor::Clock::now();
   HangMonitor m(3, 10s, 2s, t0);
-  for (int r = 0; r < 3; ++r) m.observe(r, parse_heartbeat("beat=1 step=5 phase=forward seq=40"), t0);
+  for (int r = 0; r < 3; ++r) m.observe(r, telemetry::parse_heartbeat("beat=1 step=5 phase=forward seq=40"), t0);
   // Ranks 0 and 2 reach collective #41 and wait; rank 1 freezes at #40.
   for (int s = 1; s <= 12; ++s) {
     const auto t = t0 + std::chrono::seconds(s);
-    m.observe(0, parse_heartbeat(fmt::format("beat={} step=5 phase=backward seq=41", s + 1)), t);
-    m.observe(1, parse_heartbeat("beat=1 step=5 phase=forward seq=40"), t);
-    m.observe(2, parse_heartbeat(fmt::format("beat={} step=5 phase=backward seq=41", s + 1)), t);
+    m.observe(0, telemetry::parse_heartbeat(fmt::format("beat={} step=5 phase=backward seq=41", s + 1)), t);
+    m.observe(1, telemetry::parse_heartbeat("beat=1 step=5 phase=forward seq=40"), t);
+    m.observe(2, telemetry::parse_heartbeat(fmt::format("beat={} step=5 phase=backward seq=41", s + 1)), t);
     if (s < 11) {
       EXPECT_FALSE(m.check(t)) << "at " << s << " s";
     }
@@ -108,8 +108,8 @@ TEST(HangMonitor, ARankThatStillBeatsButIsBehindIsNamed) {
   HangMonitor m(2, 5s, 2s, t0);
   for (int s = 0; s <= 6; ++s) {
     const auto t = t0 + std::chrono::seconds(s);
-    m.observe(0, parse_heartbeat(fmt::format("beat={} step=3 phase=optimizer seq=9", s)), t);
-    m.observe(1, parse_heartbeat(fmt::format("beat={} step=3 phase=forward seq=8", s)), t);
+    m.observe(0, telemetry::parse_heartbeat(fmt::format("beat={} step=3 phase=optimizer seq=9", s)), t);
+    m.observe(1, telemetry::parse_heartbeat(fmt::format("beat={} step=3 phase=forward seq=8", s)), t);
   }
   const auto report = m.check(t0 + 6s);
   ASSERT_TRUE(report);

@@ -2,6 +2,7 @@
 // round trip, straggler naming against the median, the rendered page (valid
 // for promtool), train.trace_steps parsing, the trace merge, and
 // scripts/plot.sh drawing PNGs from a metrics.jsonl.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,16 +11,16 @@
 
 #include "core/error.h"
 #include "integration/observability_testing.h"
-#include "launcher/metrics_render.h"
-#include "launcher/metrics_snapshot.h"
 #include "launcher/trace_merge.h"
+#include "telemetry/metrics_render.h"
+#include "telemetry/metrics_snapshot.h"
 #include "worker/trace.h"
 
 namespace dtrain::testing {
 namespace {
 
-launcher::RankSnapshot rank_snapshot(int rank, double compute) {
-  launcher::RankSnapshot s;
+telemetry::RankSnapshot rank_snapshot(int rank, double compute) {
+  telemetry::RankSnapshot s;
   s.publication = 3;
   s.rank = rank;
   s.world = 4;
@@ -31,53 +32,70 @@ launcher::RankSnapshot rank_snapshot(int rank, double compute) {
 }
 
 TEST(ObservabilityUnits, SnapshotTextRoundTrips) {
-  const launcher::RankSnapshot s = rank_snapshot(2, 0.125);
-  const auto back = launcher::parse_snapshot(launcher::encode_snapshot(s) + " later_field=7");
+  const telemetry::RankSnapshot s = rank_snapshot(2, 0.125);
+  const auto back = telemetry::parse_snapshot(telemetry::encode_snapshot(s) + " later_field=7");
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->rank, 2);
   EXPECT_EQ(back->step, 17);
   EXPECT_EQ(back->compute_seconds, 0.125);
   EXPECT_EQ(back->collectives[0].bytes, 4096u);
-  EXPECT_FALSE(launcher::parse_snapshot("beat=1 step=2").has_value());
-  EXPECT_FALSE(launcher::parse_snapshot("v=1 step=x").has_value());
+  EXPECT_FALSE(telemetry::parse_snapshot("beat=1 step=2").has_value());
+  EXPECT_FALSE(telemetry::parse_snapshot("v=1 step=x").has_value());
+}
+
+TEST(ObservabilityUnits, SnapshotAndPageNameTheCollectivesAsCommDoes) {
+  telemetry::RankSnapshot s = rank_snapshot(0, 0.01);
+  for (const comm::OpKind kind : comm::kOpKinds) s.collective(kind) = {1, 64, 0.5};
+  const std::string text = telemetry::encode_snapshot(s);
+  telemetry::JobMetrics job;
+  job.world_size = 4;
+  job.ranks = {s};
+  const std::string page = telemetry::render_prometheus(job);
+  for (const comm::OpKind kind : comm::kOpKinds) {
+    EXPECT_NE(text.find(fmt::format(" {}=1,64,0.5", comm::op_kind_name(kind))), std::string::npos) << text;
+    EXPECT_NE(page.find(fmt::format("kind=\"{}\"", comm::op_kind_name(kind))), std::string::npos) << page;
+  }
+  const auto back = telemetry::parse_snapshot(text);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->collective(comm::OpKind::barrier).count, 1u);
 }
 
 TEST(ObservabilityUnits, StragglersExceedTheMedianByTheFactor) {
-  using Ranks = std::vector<std::optional<launcher::RankSnapshot>>;
+  using Ranks = std::vector<std::optional<telemetry::RankSnapshot>>;
   const Ranks two = {rank_snapshot(0, 0.010), rank_snapshot(1, 0.016)};
-  EXPECT_EQ(launcher::find_stragglers(two, 1.5), std::vector<int>{1});  // the lower middle is the median
+  EXPECT_EQ(telemetry::find_stragglers(two, 1.5), std::vector<int>{1});  // the lower middle is the median
   const Ranks even = {rank_snapshot(0, 0.010), rank_snapshot(1, 0.014)};
-  EXPECT_TRUE(launcher::find_stragglers(even, 1.5).empty());
+  EXPECT_TRUE(telemetry::find_stragglers(even, 1.5).empty());
   const Ranks four = {rank_snapshot(0, 0.010), std::nullopt, rank_snapshot(2, 0.011), rank_snapshot(3, 0.030)};
-  EXPECT_EQ(launcher::find_stragglers(four, 1.5), std::vector<int>{3});
+  EXPECT_EQ(telemetry::find_stragglers(four, 1.5), std::vector<int>{3});
 }
 
 TEST(ObservabilityUnits, RenderedPagePassesPromtool) {
-  launcher::JobMetrics job;
+  telemetry::JobMetrics job;
   job.world_size = 2;
   job.workers_up = 2;
   job.ranks = {rank_snapshot(0, 0.01), rank_snapshot(1, 0.05)};
-  const std::string page = launcher::render_prometheus(job);
+  const std::string page = telemetry::render_prometheus(job);
   EXPECT_NE(page.find("dtrain_rank_straggler{rank=\"1\"} 1\n"), std::string::npos) << page;
   EXPECT_NE(page.find("dtrain_collective_bytes_total{rank=\"0\",kind=\"allreduce\"} 4096\n"), std::string::npos);
   const Promtool promtool = find_promtool();
   ASSERT_FALSE(promtool.path.empty()) << promtool.why_not;
   TempDir dir;
-  for (const launcher::JobMetrics& j : {job, launcher::JobMetrics{}}) {
-    const CommandResult r = promtool_check(promtool, dir, launcher::render_prometheus(j));
+  for (const telemetry::JobMetrics& j : {job, telemetry::JobMetrics{}}) {
+    const CommandResult r = promtool_check(promtool, dir, telemetry::render_prometheus(j));
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
 }
 
 TEST(ObservabilityUnits, MfuIsModelFlopsOverEveryWorkersPeak) {
-  launcher::JobMetrics job;
+  telemetry::JobMetrics job;
   job.world_size = 2;
   job.ranks = {rank_snapshot(0, 0.1), rank_snapshot(1, 0.1)};
   job.ranks[0]->flops_per_s = 3e12;
-  EXPECT_EQ(launcher::render_prometheus(job).find("dtrain_mfu"), std::string::npos) << "no peak, no MFU";
+  EXPECT_EQ(telemetry::render_prometheus(job).find("dtrain_mfu"), std::string::npos) << "no peak, no MFU";
   job.peak_flops_per_worker = 10e12;
-  EXPECT_NE(launcher::render_prometheus(job).find("\ndtrain_mfu 0.15\n"), std::string::npos)
-      << launcher::render_prometheus(job);
+  EXPECT_NE(telemetry::render_prometheus(job).find("\ndtrain_mfu 0.15\n"), std::string::npos)
+      << telemetry::render_prometheus(job);
 }
 
 TEST(ObservabilityUnits, TraceStepsParse) {
@@ -103,6 +121,21 @@ TEST(ObservabilityUnits, TracesMergeWithATrackPerRank) {
   EXPECT_EQ(merged["traceEvents"][1]["pid"], 1);
   EXPECT_EQ(merged["dropped"], 1);
   EXPECT_THROW(launcher::merge_trace_files({dir / "missing.json"}, dir / "x.json"), IoError);
+}
+
+TEST(ObservabilityUnits, ATraceThatIsNotOneIsAnIoErrorNamingTheFile) {
+  TempDir dir;
+  const std::pair<const char*, const char*> kBad[] = {
+      {"cut.json", R"({"traceEvents":[)"},                    // not JSON
+      {"array.json", R"([1, 2])"},                             // not an object
+      {"dropped.json", R"({"dropped":"x","traceEvents":[]})"},  // a field of the wrong type
+  };
+  for (const auto& [name, text] : kBad) {
+    const auto path = dir.write(name, text);
+    EXPECT_THAT([&] { launcher::merge_trace_files({path}, dir / "trace.json"); },
+                ::testing::ThrowsMessage<IoError>(::testing::HasSubstr("the trace '" + path.string() + "'")))
+        << name;
+  }
 }
 
 TEST(ObservabilityUnits, PlotScriptWritesPngs) {

@@ -16,7 +16,6 @@
 #include "support/processes.h"
 #include "support/run_command.h"
 #include "support/temp_dir.h"
-#include "support/run_command.h"
 
 namespace dtrain::testing {
 namespace {
@@ -78,6 +77,14 @@ std::vector<Spawned> start_workers(const TempDir& dir, int world, const std::vec
   return procs;
 }
 
+// Waits (up to 60 s) for rank 0's progress line of step 3 (log_every 1): every
+// rank is training then. False, with every process killed, when it never comes.
+bool training_under_way(std::vector<Spawned>& procs) {
+  if (!wait_for_text(procs[0].log_path, "step +3/100000", 60s).empty()) return true;
+  wait_all(procs, 0ms);
+  return false;
+}
+
 TEST(WorkerDistributed, TwoGlooProcessesTrainWhatOneProcessTrainsForEveryStage) {
   for (int stage : {0, 3}) {
     TempDir dir;
@@ -107,7 +114,7 @@ TEST(WorkerDistributed, MpirunPicksTheMpiBackendAndTrainsTheSameModel) {
 TEST(WorkerDistributed, KilledRankMakesTheOtherExitWithAnError) {
   TempDir dir;
   auto procs = start_workers(dir, 2, {"train.steps=100000", "parallel.zero_stage=2", "parallel.timeout_s=5"});
-  std::this_thread::sleep_for(3s);  // training is under way
+  ASSERT_TRUE(training_under_way(procs)) << procs[0].log();
   ::kill(procs[1].pid, SIGKILL);
   ASSERT_TRUE(wait_all(procs, 60s)) << "rank 0 hung: " << procs[0].log();
   EXPECT_EQ(procs[0].exit_code(), 2) << procs[0].log();
@@ -119,7 +126,7 @@ TEST(WorkerDistributed, SignalToOneRankSavesOnEveryRankThenResumeFinishes) {
   TempDir dir;
   auto procs = start_workers(dir, 2, {"train.steps=100000", "parallel.zero_stage=1",
                                       "checkpoint.dir=" + dir.file("ckpt")});
-  std::this_thread::sleep_for(3s);  // training is under way
+  ASSERT_TRUE(training_under_way(procs)) << procs[0].log();
   ::kill(procs[1].pid, SIGUSR1);     // as Slurm's --signal would, but to one rank only
   ASSERT_TRUE(wait_all(procs, 60s)) << "a worker hung: " << procs[0].log();
   for (auto& p : procs) EXPECT_EQ(p.exit_code(), 0) << p.log();

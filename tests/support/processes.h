@@ -1,6 +1,7 @@
 // Real worker processes for multi-process tests: spawn with extra
 // environment variables, output to a log file each, wait with a deadline
-// (whatever is still running then is killed), and a free loopback port.
+// (whatever is still running then is killed), wait for a line in a log, and
+// a free loopback port.
 #pragma once
 
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -105,6 +107,27 @@ inline bool wait_all(std::vector<Spawned>& procs, std::chrono::milliseconds dead
       }
       return all;
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Waits until a line of `path` holds a match of `pattern` and returns the match and its
+// groups; empty when `timeout` passes first.
+inline std::vector<std::string> wait_for_text(const std::string& path, const std::string& pattern,
+                                              std::chrono::milliseconds timeout) {
+  const std::regex re(pattern);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::size_t lines_seen = 0;  // lines already searched (patterns match within one line)
+  for (;;) {
+    std::ifstream in(path);
+    std::size_t n = 0;
+    for (std::string line; std::getline(in, line); ++n) {
+      std::smatch m;
+      if (n < lines_seen || !std::regex_search(line, m, re)) continue;
+      return std::vector<std::string>(m.begin(), m.end());
+    }
+    lines_seen = n > 0 ? n - 1 : 0;  // the last line may still be growing
+    if (std::chrono::steady_clock::now() > until) return {};
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }

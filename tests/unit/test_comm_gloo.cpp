@@ -10,6 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "comm/connect.h"
+#include "comm/memory_store.h"
 #include "core/error.h"
 #include "support/collective_checks.h"
 #include "support/thread_ranks.h"
@@ -160,6 +162,12 @@ TEST(CommGloo, ConnectingIgnoresSigpipeSoADeadPeerIsAnErrorNotADeath) {
   testing::run_gloo_ranks(2, 30s, trivial_allreduce);
   EXPECT_EQ(sigpipe_disposition(), &counting_handler) << "a program's own handler is kept";
   ::signal(SIGPIPE, SIG_DFL);
+}
+
+TEST(CommGloo, WhatGlooThrowsBecomesACommErrorNamingTheOperation) {
+  // gloo cannot listen on an address of no interface here (192.0.2.1, RFC 5737 TEST-NET-1).
+  EXPECT_THAT([] { comm::make_gloo_backend(0, 2, std::make_shared<comm::MemoryStore>(), 2s, "192.0.2.1"); },
+              ::testing::ThrowsMessage<CommError>(::testing::StartsWith("gloo device on 192.0.2.1: ")));
 }
 
 }  // namespace

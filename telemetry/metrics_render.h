@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "launcher/metrics_snapshot.h"
+#include "telemetry/metrics_snapshot.h"
 
-namespace dtrain::launcher {
+namespace dtrain::telemetry {
 
 inline constexpr double kStragglerFactor = 1.5;
 
@@ -39,4 +39,4 @@ std::vector<int> find_stragglers(const std::vector<std::optional<RankSnapshot>>&
 // The whole /metrics page.
 std::string render_prometheus(const JobMetrics& job);
 
-}  // namespace dtrain::launcher
+}  // namespace dtrain::telemetry

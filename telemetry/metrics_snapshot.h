@@ -15,12 +15,14 @@
 //                publication: what names a straggler, since in synchronous
 //                data parallelism every rank's wall step time is the same
 //   data_wait_s  total seconds the training thread waited for batches
-//   <kind>=...   the communicator's totals per collective kind
+//   <kind>=...   the communicator's totals per collective kind, one field
+//                per comm::kOpKinds named by comm::op_kind_name
 //                (comm/op_stats.h: nccl-tests' bytes)
 //
-// Fields are order-free; unknown fields are skipped, so either side may add
-// some. This header is shared by the launcher (reads) and the worker (writes,
-// and serves its own /metrics without a launcher); it depends on core only.
+// Fields are order-free (telemetry/text_fields.h); unknown fields are
+// skipped, so either side may add some. This header is shared by the
+// launcher (reads) and the worker (writes, and serves its own /metrics
+// without a launcher).
 #pragma once
 
 #include <array>
@@ -29,11 +31,9 @@
 #include <string>
 #include <string_view>
 
-namespace dtrain::launcher {
+#include "comm/op_stats.h"
 
-// The collective kinds, in comm::OpKind's order.
-inline constexpr std::array<const char*, 5> kCollectiveKinds = {"allreduce", "reduce_scatter", "allgather",
-                                                                 "broadcast", "barrier"};
+namespace dtrain::telemetry {
 
 struct CollectiveTotals {
   std::uint64_t count = 0;
@@ -56,11 +56,16 @@ struct RankSnapshot {
   std::int64_t checkpoint_saves = 0;
   double checkpoint_save_seconds = 0.0;     // the last save's write time on this rank
   double checkpoint_blocked_seconds = 0.0;  // the last save's time the training thread waited
-  std::array<CollectiveTotals, kCollectiveKinds.size()> collectives{};
+  std::array<CollectiveTotals, comm::kOpKinds.size()> collectives{};  // index: comm::OpKind
+
+  CollectiveTotals& collective(comm::OpKind kind) { return collectives[static_cast<std::size_t>(kind)]; }
+  const CollectiveTotals& collective(comm::OpKind kind) const {
+    return collectives[static_cast<std::size_t>(kind)];
+  }
 };
 
 std::string encode_snapshot(const RankSnapshot& s);
 // nullopt when `text` is not a snapshot (no v=1 field or a malformed value).
 std::optional<RankSnapshot> parse_snapshot(std::string_view text);
 
-}  // namespace dtrain::launcher
+}  // namespace dtrain::telemetry

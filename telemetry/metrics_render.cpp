@@ -1,4 +1,4 @@
-#include "launcher/metrics_render.h"
+#include "telemetry/metrics_render.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-namespace dtrain::launcher {
+namespace dtrain::telemetry {
 namespace {
 
 // Prometheus spells the special values NaN, +Inf and -Inf.
@@ -14,15 +14,6 @@ std::string value(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   return fmt::format("{}", v);
-}
-
-// nccl-tests' bus factors (comm/op_stats.h), by kind index.
-double bus_factor(std::size_t kind, int world) {
-  const double n = world;
-  if (n <= 1) return kind == 3 ? 1.0 : 0.0;
-  if (kind == 0) return 2.0 * (n - 1) / n;
-  if (kind == 1 || kind == 2) return (n - 1) / n;
-  return kind == 3 ? 1.0 : 0.0;
 }
 
 class Page {
@@ -43,13 +34,13 @@ class Page {
   }
   // One family with one sample per rank and collective kind that ran.
   void per_collective(const JobMetrics& job, const char* name, const char* type, const char* help,
-                      const std::function<std::optional<double>(const RankSnapshot&, std::size_t)>& get) {
+                      const std::function<std::optional<double>(const RankSnapshot&, comm::OpKind)>& get) {
     family(name, type, help);
     for (const auto& r : job.ranks) {
       if (!r) continue;
-      for (std::size_t k = 0; k < kCollectiveKinds.size(); ++k) {
-        if (const auto v = get(*r, k)) {
-          sample(name, fmt::format("rank=\"{}\",kind=\"{}\"", r->rank, kCollectiveKinds[k]), *v);
+      for (const comm::OpKind kind : comm::kOpKinds) {
+        if (const auto v = get(*r, kind)) {
+          sample(name, fmt::format("rank=\"{}\",kind=\"{}\"", r->rank, comm::op_kind_name(kind)), *v);
         }
       }
     }
@@ -130,29 +121,29 @@ void render_ranks(Page& p, const JobMetrics& job) {
 }
 
 void render_collectives(Page& p, const JobMetrics& job) {
-  using Get = std::function<std::optional<double>(const RankSnapshot&, std::size_t)>;
-  const auto ran = [](const RankSnapshot& r, std::size_t k) { return r.collectives[k].count > 0; };
+  using Get = std::function<std::optional<double>(const RankSnapshot&, comm::OpKind)>;
+  const auto ran = [](const RankSnapshot& r, comm::OpKind k) { return r.collective(k).count > 0; };
   p.per_collective(job, "dtrain_collective_operations_total", "counter", "Collectives completed.",
-                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
+                   Get([&](const RankSnapshot& r, comm::OpKind k) -> std::optional<double> {
                      if (!ran(r, k)) return std::nullopt;
-                     return static_cast<double>(r.collectives[k].count);
+                     return static_cast<double>(r.collective(k).count);
                    }));
   p.per_collective(job, "dtrain_collective_bytes_total", "counter",
                    "Bytes of the collectives (nccl-tests size: the whole buffer).",
-                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
+                   Get([&](const RankSnapshot& r, comm::OpKind k) -> std::optional<double> {
                      if (!ran(r, k)) return std::nullopt;
-                     return static_cast<double>(r.collectives[k].bytes);
+                     return static_cast<double>(r.collective(k).bytes);
                    }));
   p.per_collective(job, "dtrain_collective_seconds_total", "counter", "Seconds the comm thread spent in collectives.",
-                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
+                   Get([&](const RankSnapshot& r, comm::OpKind k) -> std::optional<double> {
                      if (!ran(r, k)) return std::nullopt;
-                     return r.collectives[k].seconds;
+                     return r.collective(k).seconds;
                    }));
   p.per_collective(job, "dtrain_collective_busbw_bytes_per_second", "gauge",
                    "Measured bus bandwidth over the run (bytes / seconds x nccl-tests' bus factor).",
-                   Get([&](const RankSnapshot& r, std::size_t k) -> std::optional<double> {
-                     const CollectiveTotals& c = r.collectives[k];
-                     const double factor = bus_factor(k, r.world);
+                   Get([&](const RankSnapshot& r, comm::OpKind k) -> std::optional<double> {
+                     const CollectiveTotals& c = r.collective(k);
+                     const double factor = comm::bus_factor(k, r.world);
                      if (c.count == 0 || c.seconds <= 0.0 || factor == 0.0) return std::nullopt;
                      return static_cast<double>(c.bytes) / c.seconds * factor;
                    }));
@@ -185,4 +176,4 @@ std::string render_prometheus(const JobMetrics& job) {
   return page.take();
 }
 
-}  // namespace dtrain::launcher
+}  // namespace dtrain::telemetry

@@ -1,4 +1,4 @@
-#include "launcher/metrics_http.h"
+#include "telemetry/metrics_http.h"
 
 #include <chrono>
 #include <thread>
@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 
-namespace dtrain::launcher {
+namespace dtrain::telemetry {
 namespace {
 
 namespace asio = boost::asio;
@@ -118,4 +118,4 @@ MetricsServer::~MetricsServer() {
 
 int MetricsServer::port() const { return impl_->acceptor.local_endpoint().port(); }
 
-}  // namespace dtrain::launcher
+}  // namespace dtrain::telemetry

@@ -1,23 +1,11 @@
-#include "launcher/metrics_snapshot.h"
-
-#include <charconv>
-#include <cstdlib>
+#include "telemetry/metrics_snapshot.h"
 
 #include <fmt/format.h>
 
-namespace dtrain::launcher {
+#include "telemetry/text_fields.h"
+
+namespace dtrain::telemetry {
 namespace {
-
-bool parse_number(std::string_view text, double& out) {
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return ec == std::errc() && ptr == text.data() + text.size();
-}
-
-template <typename Int>
-bool parse_number(std::string_view text, Int& out) {
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return ec == std::errc() && ptr == text.data() + text.size();
-}
 
 // "count,bytes,seconds"
 bool parse_collective(std::string_view text, CollectiveTotals& out) {
@@ -45,8 +33,8 @@ bool parse_field(std::string_view key, std::string_view value, RankSnapshot& s, 
   if (key == "ckpt_saves") return parse_number(value, s.checkpoint_saves);
   if (key == "ckpt_save_s") return parse_number(value, s.checkpoint_save_seconds);
   if (key == "ckpt_blocked_s") return parse_number(value, s.checkpoint_blocked_seconds);
-  for (std::size_t k = 0; k < kCollectiveKinds.size(); ++k) {
-    if (key == kCollectiveKinds[k]) return parse_collective(value, s.collectives[k]);
+  for (const comm::OpKind kind : comm::kOpKinds) {
+    if (key == comm::op_kind_name(kind)) return parse_collective(value, s.collective(kind));
   }
   return true;
 }
@@ -60,9 +48,9 @@ std::string encode_snapshot(const RankSnapshot& s) {
       s.publication, s.rank, s.world, s.step, s.loss, s.lr, s.tokens_per_s, s.step_seconds, s.compute_seconds,
       s.flops_per_s, s.data_wait_seconds, s.checkpoint_saves, s.checkpoint_save_seconds,
       s.checkpoint_blocked_seconds);
-  for (std::size_t k = 0; k < kCollectiveKinds.size(); ++k) {
-    const CollectiveTotals& c = s.collectives[k];
-    out += fmt::format(" {}={},{},{}", kCollectiveKinds[k], c.count, c.bytes, c.seconds);
+  for (const comm::OpKind kind : comm::kOpKinds) {
+    const CollectiveTotals& c = s.collective(kind);
+    out += fmt::format(" {}={},{},{}", comm::op_kind_name(kind), c.count, c.bytes, c.seconds);
   }
   return out;
 }
@@ -70,22 +58,11 @@ std::string encode_snapshot(const RankSnapshot& s) {
 std::optional<RankSnapshot> parse_snapshot(std::string_view text) {
   RankSnapshot s;
   bool versioned = false;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    if (text[pos] == ' ') {
-      ++pos;
-      continue;
-    }
-    std::size_t end = text.find(' ', pos);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string_view field = text.substr(pos, end - pos);
-    const std::size_t eq = field.find('=');
-    if (eq == std::string_view::npos) return std::nullopt;
-    if (!parse_field(field.substr(0, eq), field.substr(eq + 1), s, versioned)) return std::nullopt;
-    pos = end;
-  }
-  if (!versioned) return std::nullopt;
+  const bool parsed = for_each_field(text, [&](std::string_view key, std::string_view value) {
+    return parse_field(key, value, s, versioned);
+  });
+  if (!parsed || !versioned) return std::nullopt;
   return s;
 }
 
-}  // namespace dtrain::launcher
+}  // namespace dtrain::telemetry

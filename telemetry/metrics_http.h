@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-namespace dtrain::launcher {
+namespace dtrain::telemetry {
 
 class MetricsServer {
  public:
@@ -33,4 +33,4 @@ class MetricsServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dtrain::launcher
+}  // namespace dtrain::telemetry
