@@ -140,11 +140,53 @@ void attention_backward(const AttentionShape& s, const typename F::T* d_out, typ
   from_heads(s, scratch.dv, 3, 2, d_qkv);
 }
 
+template <class F>
+void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const typename F::T* qkv,
+                      typename F::T* k_cache, typename F::T* v_cache, typename F::T* out, float* scores) {
+  const std::int64_t hd = s.head_dim, d = s.d_model();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (std::int64_t i = 0; i < s.seq; ++i) {  // the new rows' keys and values join the cache
+    for (std::int64_t h = 0; h < s.heads; ++h) {
+      const auto bytes = static_cast<std::size_t>(hd) * sizeof(typename F::T);
+      std::memcpy(k_cache + (h * capacity + first + i) * hd, qkv + i * 3 * d + d + h * hd, bytes);
+      std::memcpy(v_cache + (h * capacity + first + i) * hd, qkv + i * 3 * d + 2 * d + h * hd, bytes);
+    }
+  }
+  for (std::int64_t i = 0; i < s.seq; ++i) {
+    const std::int64_t seen = s.causal ? first + i + 1 : first + s.seq;
+    for (std::int64_t h = 0; h < s.heads; ++h) {
+      const typename F::T* q = qkv + i * 3 * d + h * hd;
+      float mx = -INFINITY;
+      for (std::int64_t j = 0; j < seen; ++j) {
+        const typename F::T* k = k_cache + (h * capacity + j) * hd;
+        float dot = 0.0f;
+        for (std::int64_t e = 0; e < hd; ++e) dot += F::load(q[e]) * F::load(k[e]);
+        scores[j] = dot * scale;
+        mx = scores[j] > mx ? scores[j] : mx;
+      }
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j < seen; ++j) {
+        scores[j] = cpu::fast_exp(scores[j] - mx);
+        sum += scores[j];
+      }
+      const float inv = 1.0f / sum;
+      typename F::T* o = out + i * d + h * hd;
+      for (std::int64_t e = 0; e < hd; ++e) {
+        float acc = 0.0f;
+        for (std::int64_t j = 0; j < seen; ++j) acc += scores[j] * inv * F::load(v_cache[(h * capacity + j) * hd + e]);
+        o[e] = F::store(acc);
+      }
+    }
+  }
+}
+
 #define DTRAIN_INSTANTIATE(F)                                                                          \
   template void attention_forward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&, \
                                      const AttentionScratch<F::T>&);                                   \
   template void attention_backward<F>(const AttentionShape&, const F::T*, F::T*,                       \
-                                      const AttentionSaved<F::T>&, const AttentionScratch<F::T>&);
+                                      const AttentionSaved<F::T>&, const AttentionScratch<F::T>&);  \
+  template void attention_cached<F>(const AttentionShape&, std::int64_t, std::int64_t, const F::T*, F::T*, F::T*, \
+                                    F::T*, float*);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 

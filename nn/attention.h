@@ -55,4 +55,15 @@ void attention_backward(const AttentionShape& shape, const typename F::T* d_out,
                         const AttentionSaved<typename F::T>& saved,
                         const AttentionScratch<typename F::T>& scratch);
 
+// Inference with a key/value cache (decoding one sequence): the shape's seq
+// rows of qkv [seq, 3, H, hd] are positions first .. first + seq - 1; their
+// keys and values are written into k_cache and v_cache ([H, capacity, hd])
+// at those positions, and out [seq, H, hd] attends over the cached positions
+// (causally: row i sees 0 .. first + i). scores: f32 scratch of capacity.
+// REQUIRES: shape.batch == 1, first + shape.seq <= capacity.
+template <class F = cpu::F32Format>
+void attention_cached(const AttentionShape& shape, std::int64_t first, std::int64_t capacity,
+                      const typename F::T* qkv, typename F::T* k_cache, typename F::T* v_cache, typename F::T* out,
+                      float* scores);
+
 }  // namespace dtrain::nn

@@ -14,7 +14,8 @@
 //   gelu_forward, gelu_backward, to_storage (f32 -> T), dropout, residual,
 //   token_embedding_{forward,backward}, patch_embedding_{forward,backward},
 //   mean_pool_{forward,backward}, cross_entropy_{forward,backward}
-// with the argument lists of the CPU functions in nn/ (device pointers).
+// with the argument lists of the CPU functions in nn/ (device pointers);
+// optionally attention_cached, which decode() needs (the CPU's has it).
 //
 // The definitions are in graph_forward.h and graph_backward.h; a device's
 // model file includes them and instantiates Graph for its kernel sets.
@@ -47,6 +48,7 @@ class Graph final : public Model {
   void forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) override;
   void backward(BlockHooks& hooks, float grad_scale) override;
   void infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits) override;
+  void decode(const std::int32_t* tokens, std::int64_t n, std::int64_t position, float* logits) override;
   void reset_result() override;
   ForwardResult collect() override;
   std::int64_t activation_bytes() const override { return acts_.bytes() + inputs_.bytes(); }
@@ -61,9 +63,16 @@ class Graph final : public Model {
   static constexpr bool kF32 = std::is_same_v<T, float>;
   using Layer = typename GraphActivations<T>::Layer;
 
+  // The rows a pass covers: span_.batch sequences of span_.seq tokens, the
+  // first at position span_.position (training and infer: the whole
+  // micro-batch from 0; decode: one sequence's new tokens).
+  struct Span {
+    std::int64_t batch = 0, seq = 0, position = 0;
+  };
   bool lm() const { return config().kind == ModelConfig::Kind::lm; }
-  std::int64_t rows() const { return lm() ? batch() * seq_len() : batch(); }
-  std::int64_t tokens() const { return batch() * seq_len(); }
+  std::int64_t rows() const { return lm() ? tokens() : span_.batch; }
+  std::int64_t tokens() const { return span_.batch * span_.seq; }
+  void set_span(Span span);
   std::uint64_t key_for(std::int64_t site) const;
   // Checks the inputs on the host and queues their copy to the device
   // (targets only when `with_targets`).
@@ -91,7 +100,11 @@ class Graph final : public Model {
   Device& device_;
   K k_;
   const ParameterLayout& layout_;
+  Span span_;
   AttentionShape attn_shape_;
+  bool decoding_ = false;
+  DeviceArray<T> k_cache_, v_cache_;  // decode: [n_layers][heads][max_seq_len][head_dim]
+  DeviceArray<float> cache_scores_;   // decode: one row of scores over the cache
   BlockPointers ptrs_;
   StepKey key_{};
   bool dropout_active_ = false;

@@ -32,8 +32,14 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
     throw ConfigError("model.max_seq_len", fmt::format("sequences of {} are longer than max_seq_len {}",
                                                        seq_len, config.max_seq_len));
   }
-  attn_shape_ = AttentionShape{batch, seq_len, config.n_heads, config.d_model / config.n_heads, lm()};
+  set_span(Span{batch, seq_len, 0});
   reset_result();
+}
+
+template <class K>
+void Graph<K>::set_span(Span span) {
+  span_ = span;
+  attn_shape_ = AttentionShape{span.batch, span.seq, config().n_heads, config().d_model / config().n_heads, lm()};
 }
 
 template <class K>
@@ -78,7 +84,7 @@ const typename Graph<K>::T* Graph<K>::as_storage(const float* x, T* buffer, std:
 
 template <class K>
 std::uint64_t Graph<K>::key_for(std::int64_t site) const {
-  return dropout_key(key_.seed, key_.step, key_.micro, site, key_.row_offset * seq_len() * config().d_model);
+  return dropout_key(key_.seed, key_.step, key_.micro, site, key_.row_offset * span_.seq * config().d_model);
 }
 
 // Checks every token and target on the host (a bad token would make the
@@ -100,11 +106,11 @@ void Graph<K>::stage(const ModelInputs& in, bool with_targets) {
       if (tok < 0 || tok >= c.vocab_size) {
         throw DataError(fmt::format("token {} at batch row {}, position {} is outside the vocabulary [0, {}); "
                                     "check model.vocab_size against the data",
-                                    tok, i / seq_len(), i % seq_len(), c.vocab_size));
+                                    tok, i / span_.seq, i % span_.seq + span_.position, c.vocab_size));
       }
       slot.tokens.data()[i] = tok;
     }
-    device_.copy(inputs_.tokens.data(), slot.tokens.data(), inputs_.tokens.bytes());
+    device_.copy(inputs_.tokens.data(), slot.tokens.data(), static_cast<std::size_t>(tokens()) * sizeof(std::int32_t));
   } else {
     DTRAIN_CHECK(in.patches != nullptr, "patch model given no patches");
     std::memcpy(slot.patches.data(), in.patches, slot.patches.bytes());
@@ -118,7 +124,7 @@ void Graph<K>::stage(const ModelInputs& in, bool with_targets) {
   for (std::int64_t i = 0; i < rows(); ++i) {
     const std::int32_t target = in.targets[i];
     if (target < 0 || target >= c.outputs()) {
-      const std::string where = lm() ? fmt::format("batch row {}, position {}", i / seq_len(), i % seq_len())
+      const std::string where = lm() ? fmt::format("batch row {}, position {}", i / span_.seq, i % span_.seq)
                                      : fmt::format("batch row {}", i);
       throw DataError(fmt::format("target {} at {} is outside [0, {}): check the labels against "
                                   "model.num_classes / model.vocab_size",
@@ -167,6 +173,8 @@ void Graph<K>::forward_blocks(BlockHooks& hooks, bool training) {
 
 template <class K>
 void Graph<K>::forward(const ModelInputs& inputs, BlockHooks& hooks, bool training, const StepKey& key) {
+  set_span(Span{batch(), seq_len(), 0});
+  decoding_ = false;
   stage(inputs, true);
   key_ = key;
   dropout_active_ = training && config().dropout > 0.0f;
@@ -179,6 +187,8 @@ void Graph<K>::forward(const ModelInputs& inputs, BlockHooks& hooks, bool traini
 
 template <class K>
 void Graph<K>::infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits) {
+  set_span(Span{batch(), seq_len(), 0});
+  decoding_ = false;
   stage(inputs, false);
   key_ = StepKey{};
   dropout_active_ = false;
@@ -189,17 +199,50 @@ void Graph<K>::infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits
 }
 
 template <class K>
+void Graph<K>::decode(const std::int32_t* tokens_in, std::int64_t n, std::int64_t position, float* logits) {
+  constexpr bool kCanDecode = requires(K k, const AttentionShape& s, const T* in, T* io, float* f) {
+    k.attention_cached(s, std::int64_t{0}, std::int64_t{0}, in, io, io, io, f);
+  };
+  if constexpr (!kCanDecode) {
+    (void)tokens_in, (void)n, (void)position, (void)logits;
+    throw Error(fmt::format("decoding with a key/value cache runs on the CPU, not on {}", device_.name()));
+  } else {
+    const ModelConfig& c = config();
+    if (!lm() || c.input != ModelConfig::Input::tokens) throw Error("decoding needs a token language model (lm)");
+    DTRAIN_CHECK(n > 0 && n <= seq_len(), "decode of {} tokens on a model of {} positions per pass", n, seq_len());
+    if (position < 0 || position + n > c.max_seq_len) {
+      throw ConfigError("model.max_seq_len", fmt::format("positions {} .. {} are past the model's {}", position,
+                                                         position + n - 1, c.max_seq_len));
+    }
+    if (k_cache_.size() == 0) {
+      const auto cache = static_cast<std::size_t>(c.n_layers * c.max_seq_len * c.d_model);
+      k_cache_ = DeviceArray<T>(device_, cache);
+      v_cache_ = DeviceArray<T>(device_, cache);
+      cache_scores_ = DeviceArray<float>(device_, static_cast<std::size_t>(c.max_seq_len));
+    }
+    set_span(Span{1, n, position});
+    decoding_ = true;
+    stage(ModelInputs{tokens_in, nullptr, nullptr}, false);
+    BlockHooks none;
+    forward_blocks(none, false);
+    device_.copy(logits, acts_.logits.data(), static_cast<std::size_t>(n * c.vocab_size) * sizeof(float));
+    device_.synchronize();
+    decoding_ = false;
+  }
+}
+
+template <class K>
 void Graph<K>::embed_forward(bool training) {
   const ModelConfig& c = config();
   const bool by_token = c.input == ModelConfig::Input::tokens;
-  const float* pos = param(by_token ? 1 : 2, false);
+  const float* pos = param(by_token ? 1 : 2, false) + span_.position * c.d_model;
   float* out = acts_.resid[0].data();
   if (by_token) {
-    k_.token_embedding_forward(inputs_.tokens.data(), param(0, false), pos, out, batch(), seq_len(), c.d_model,
+    k_.token_embedding_forward(inputs_.tokens.data(), param(0, false), pos, out, span_.batch, span_.seq, c.d_model,
                                c.vocab_size);
   } else {
-    k_.patch_embedding_forward(inputs_.patches.data(), param(0, false), param(1, false), pos, out, batch(),
-                               seq_len(), c.d_model, c.patch_dim);
+    k_.patch_embedding_forward(inputs_.patches.data(), param(0, false), param(1, false), pos, out, span_.batch,
+                               span_.seq, c.d_model, c.patch_dim);
   }
   if (training && c.dropout > 0.0f) k_.dropout(out, tokens() * c.d_model, c.dropout, key_for(kEmbedDropoutSite));
 }
@@ -231,10 +274,19 @@ void Graph<K>::layer_forward(int l, bool training) {
 
   k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d);
   k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false);
-  k_.attention_forward(attn_shape_, acts_.qkv.data(), L.attn.data(),
-                       AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.probs.data()},
-                       AttentionScratch<T>{acts_.scores.data(), acts_.heads.data(), nullptr, nullptr, nullptr,
-                                           nullptr});
+  if constexpr (requires { &K::attention_cached; }) {
+    if (decoding_) {
+      const std::int64_t capacity = config().max_seq_len, layer = static_cast<std::int64_t>(l) * capacity * d;
+      k_.attention_cached(attn_shape_, span_.position, capacity, acts_.qkv.data(), k_cache_.data() + layer,
+                          v_cache_.data() + layer, L.attn.data(), cache_scores_.data());
+    }
+  }
+  if (!decoding_) {
+    k_.attention_forward(attn_shape_, acts_.qkv.data(), L.attn.data(),
+                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.probs.data()},
+                         AttentionScratch<T>{acts_.scores.data(), acts_.heads.data(), nullptr, nullptr, nullptr,
+                                             nullptr});
+  }
   residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
   k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
                        d);
@@ -261,9 +313,9 @@ void Graph<K>::head_forward() {
   }
   k_.layernorm_forward(x, param(base, false), param(base + 1, false), acts_.lnf32.data(), acts_.lnf_mean.data(),
                        acts_.lnf_rstd.data(), n, d);
-  k_.mean_pool_forward(acts_.lnf32.data(), acts_.pooled.data(), batch(), seq_len(), d);
+  k_.mean_pool_forward(acts_.lnf32.data(), acts_.pooled.data(), span_.batch, span_.seq, d);
   k_.linear_forward(static_cast<const float*>(acts_.pooled.data()), param(base + 2, false), param(base + 3, false),
-                    acts_.logits.data(), batch(), d, config().num_classes, false);
+                    acts_.logits.data(), span_.batch, d, config().num_classes, false);
 }
 
 }  // namespace dtrain::nn

@@ -109,6 +109,13 @@ class Model {
   // Inference: the logits of `inputs` (targets unused) into host memory,
   // [B, T, vocab] (lm) or [B, classes] (classifier); waits for the device.
   virtual void infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits) = 0;
+  // Decoding one sequence with a key/value cache (lm): `n` tokens at
+  // positions position .. position + n - 1 (the cache holds the positions
+  // before), their logits [n, vocab] into host memory; each new token costs
+  // one position, not the whole prefix. Throws Error on a device or model
+  // that cannot decode, ConfigError (model.max_seq_len) past the positions.
+  // REQUIRES: n <= seq_len(); the parameters do not change between calls.
+  virtual void decode(const std::int32_t* tokens, std::int64_t n, std::int64_t position, float* logits) = 0;
 
   // Clears the loss sum and counts (queued).
   virtual void reset_result() = 0;

@@ -57,6 +57,11 @@ class HostKernels {
     dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved, scratch); });
   }
 
+  void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,
+                        T* k_cache, T* v_cache, T* out, float* scores) {
+    dev_->run([=] { nn::attention_cached<F>(s, first, capacity, qkv, k_cache, v_cache, out, scores); });
+  }
+
   void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
     dev_->run([=] { nn::gelu_forward<F>(x, y, dydx, n); });
   }

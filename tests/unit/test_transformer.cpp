@@ -222,6 +222,35 @@ TEST_P(TinyModel, InferGivesTheLogitsOfTheLoss) {
   EXPECT_NEAR(loss / static_cast<double>(rows), h.forward({}, false).loss, 1e-5);
 }
 
+// Decoding with the key/value cache gives, at every position, the logits a
+// full recompute of the prefix gives (a causal lm: infer() over the whole
+// sequence has each position's logits from its prefix only), within 1e-5 of
+// the largest |logit|: one token at a time, and a prefill of 3 then single tokens.
+TEST_P(TinyModel, DecodingWithTheCacheMatchesAFullRecompute) {
+  const Case& c = GetParam();
+  if (c.config.kind != ModelConfig::Kind::lm) return;
+  Harness h(c.config, 1, c.config.max_seq_len);
+  randomize(h, 9);
+  const std::int64_t T = c.config.max_seq_len, v = c.config.vocab_size;
+  std::vector<float> full(static_cast<std::size_t>(T * v));
+  h.model->infer(h.inputs(), h.no_hooks, full.data());
+  const float scale = std::fabs(*std::max_element(full.begin(), full.end(), [](float a, float b) {
+    return std::fabs(a) < std::fabs(b);
+  }));
+  for (std::int64_t prefill : {1, 3}) {
+    std::vector<float> step(static_cast<std::size_t>(T * v));
+    h.model->decode(h.tokens.data(), prefill, 0, step.data());
+    for (std::int64_t t = prefill; t < T; ++t) {
+      h.model->decode(h.tokens.data() + t, 1, t, step.data() + t * v);
+    }
+    for (std::size_t i = 0; i < full.size(); ++i) {
+      ASSERT_NEAR(step[i], full[i], 1e-5 * scale) << "prefill " << prefill << ", position " << i / v;
+    }
+  }
+  std::vector<float> one(static_cast<std::size_t>(v));
+  EXPECT_THROW(h.model->decode(h.tokens.data(), 1, T, one.data()), ConfigError);  // past the positions
+}
+
 TEST_P(TinyModel, EveryParameterGradientMatchesFiniteDifferences) {
   check_model_gradients(GetParam(), 0.0f);
 }
