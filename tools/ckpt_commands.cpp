@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "tools/checkpoint_model.h"
 #include "core/error.h"
 #include "nn/transformer.h"
 #include "worker/config.h"
@@ -29,58 +30,6 @@ namespace ck = dtrain::checkpoint;
 // Checkpoint files hold little-endian f32 and read_range copies them as they
 // are; safetensors is little-endian too, so the bytes pass through unchanged.
 static_assert(std::endian::native == std::endian::little, "dtrain-ckpt assumes a little-endian host");
-
-// A step directory is recognised by its manifest or by its name, so that a
-// step whose manifest is missing is reported as such rather than read as a root.
-bool is_step_dir(ck::Env& env, const std::filesystem::path& dir) {
-  return env.exists(dir / "manifest.pb") || ck::parse_step_name(dir.filename().string()).has_value();
-}
-
-void require_directory(ck::Env& env, const std::filesystem::path& dir) {
-  if (!env.is_directory(dir)) throw IoError(fmt::format("'{}' is not a directory", dir.string()));
-}
-
-// The step to read under DIR: DIR itself, the one `latest` names (when it is
-// committed), else the newest committed step.
-std::filesystem::path resolve_step(ck::Env& env, const std::filesystem::path& dir) {
-  require_directory(env, dir);
-  if (is_step_dir(env, dir)) return dir;
-  if (const std::optional<std::int64_t> latest = ck::read_latest(env, dir)) {
-    const std::filesystem::path named = ck::step_dir(dir, *latest);
-    if (env.exists(named / "manifest.pb")) return named;
-  }
-  const std::vector<std::int64_t> steps = ck::committed_steps(env, dir);
-  if (steps.empty()) throw IoError(fmt::format("no committed checkpoint step under '{}'", dir.string()));
-  return ck::step_dir(dir, steps.front());
-}
-
-struct Model {
-  nn::ModelConfig config;
-  nn::ParameterLayout layout;
-};
-
-// The parameter layout of the run that saved the step, checked against the
-// manifest's blocks: slicing a block by a layout it was not saved with would
-// silently produce wrong tensors.
-Model rebuild_model(const ck::Manifest& manifest, const std::filesystem::path& step) {
-  Model m;
-  m.config = worker::model_config(worker::parse_config_json(manifest.config_json()));
-  m.layout = nn::declare_parameters(m.config);
-  const auto& blocks = m.layout.blocks();
-  if (static_cast<int>(blocks.size()) != manifest.blocks_size()) {
-    throw IoError(fmt::format("'{}': the manifest has {} blocks, its config declares {}", step.string(),
-                              manifest.blocks_size(), blocks.size()));
-  }
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    const ck::Block& saved = manifest.blocks(static_cast<int>(b));
-    if (saved.name() != blocks[b].name || saved.numel() != blocks[b].numel) {
-      throw IoError(fmt::format("'{}': block {} is {} ({} elements) in the manifest but {} ({}) in its config",
-                                step.string(), b, saved.name(), saved.numel(), blocks[b].name,
-                                blocks[b].numel));
-    }
-  }
-  return m;
-}
 
 std::string format_unix_ms(std::int64_t ms) {
   if (ms <= 0) return "unknown";
@@ -112,9 +61,9 @@ void print_manifest(const std::filesystem::path& step, const ck::Manifest& m, st
   for (const ck::Block& b : m.blocks()) out << fmt::format("  {:<20} {:>14}\n", b.name(), b.numel());
 }
 
-void print_model(const Model& model, std::ostream& out) {
-  out << fmt::format("model           {}, d_model {}, layers {}, {} parameters\n", kind_name(model.config.kind),
-                     model.config.d_model, model.config.n_layers, model.layout.total_numel());
+void print_model(const SavedModel& model, std::ostream& out) {
+  out << fmt::format("model           {}, d_model {}, layers {}, {} parameters\n", kind_name(model.model.kind),
+                     model.model.d_model, model.model.n_layers, model.layout.total_numel());
   out << fmt::format("parameters ({}):\n", model.layout.params().size());
   for (const nn::ParamSpec& p : model.layout.params()) {
     out << fmt::format("  {:<28} [{}]\n", p.name, fmt::join(p.shape, ", "));
@@ -151,7 +100,7 @@ void write_safetensors(ck::Env& env, const std::filesystem::path& step, const ck
   for (int b = 0; b < layout.num_blocks(); ++b) {
     const nn::BlockSpec& spec = layout.blocks()[static_cast<std::size_t>(b)];
     block.assign(static_cast<std::size_t>(spec.numel), 0.0f);
-    ck::read_range(env, step, manifest, ck::Range{"params", b, 0, spec.numel}, block.data());
+    read_block_params(env, step, manifest, layout, b, block.data());
     for (int i = spec.first_param; i < spec.first_param + spec.num_params; ++i) {
       const nn::ParamSpec& p = layout.params()[static_cast<std::size_t>(i)];
       file.append(block.data() + p.offset, static_cast<std::size_t>(p.numel) * sizeof(float));
@@ -224,7 +173,7 @@ int run_ckpt_export(const CkptExportOptions& options, std::ostream& out) {
   }
   const std::filesystem::path step = resolve_step(env, options.dir);
   const ck::Manifest manifest = ck::read_manifest(env, step);
-  const Model model = rebuild_model(manifest, step);
+  const SavedModel model = rebuild_model(manifest, step);
   const std::filesystem::path parent = options.out.has_parent_path() ? options.out.parent_path() : ".";
   const std::filesystem::path tmp =
       parent / fmt::format(".{}.tmp.{}", options.out.filename().string(), ::getpid());
