@@ -210,6 +210,7 @@ void apply_defaults(config::Config& c, std::string_view run_name) {
   if (!t.has_seed()) t.set_seed(1337);
   if (!t.has_log_every()) t.set_log_every(10);
   if (!t.has_eval_batches()) t.set_eval_batches(20);
+  if (!t.has_log_timestamps()) t.set_log_timestamps(true);
   if (t.out_dir().empty()) {
     t.set_out_dir(fmt::format("runs/{}", run_name.empty() ? "default" : run_name));
   }

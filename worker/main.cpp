@@ -84,6 +84,8 @@ struct WorkerArgs {
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
   std::string slow_rank;
+  bool print_config = false;  // print the resolved config and stop
+  bool eval_only = false;     // score the checkpoint resumed from, train nothing
 };
 
 void add_options(CLI::App& app, WorkerArgs& args) {
@@ -93,6 +95,9 @@ void add_options(CLI::App& app, WorkerArgs& args) {
   app.add_option("--metrics-port", args.metrics_port,
                  "serve Prometheus /metrics on this port plus the local rank (0: off)");
   app.add_option("--metrics-host", args.metrics_host, "the address /metrics listens on");
+  app.add_flag("--print-config", args.print_config, "print the resolved, validated config as JSON and exit");
+  app.add_flag("--eval-only", args.eval_only,
+               "score the checkpoint checkpoint.resume names on the held-out data (one eval line), train nothing");
   app.add_option("--testonly-slow-rank", args.slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
 }
 
@@ -157,6 +162,7 @@ void publish_trace(const dtrain::worker::Trainer& trainer, const dtrain::comm::O
 }
 
 void print_end(const dtrain::worker::TrainSummary& summary) {
+  if (summary.already_finished) return;  // the trainer said so
   print_summary(summary);
   if (summary.stopped_by_signal != 0) {
     std::cout << "dtrain-worker: stopped early on a signal after saving; resume with checkpoint.resume=auto\n";
@@ -167,6 +173,10 @@ void print_end(const dtrain::worker::TrainSummary& summary) {
 // store and the communicators, then the training run.
 int train(const WorkerArgs& args) {
   const dtrain::config::Config config = dtrain::worker::load_config(args.config_path, args.overrides);
+  if (args.print_config) {
+    std::cout << dtrain::worker::config_to_json(config);
+    return 0;
+  }
   const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
   const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
   // Under dtrain-launch: step, phase and collective for its hang detection.
@@ -189,6 +199,10 @@ int train(const WorkerArgs& args) {
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});
+  if (args.eval_only) {
+    trainer.evaluate_checkpoint();
+    return 0;
+  }
   const dtrain::worker::TrainSummary summary = trainer.run();
   publish_trace(trainer, store, env);
   if (rank0) print_end(summary);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <ostream>
 #include <thread>
 
@@ -52,11 +53,6 @@ void Trainer::record_live(const StepResult& r, double compute_s, double data_wai
   const double tokens_per_s = r.seconds > 0.0 ? static_cast<double>(tokens_per_step()) / r.seconds : 0.0;
   options_.live_metrics->record_step({r.step, r.loss, r.lr, r.seconds, compute_s, data_wait_s, tokens_per_s,
                                       model_config_.flops_per_token(seq_) * tokens_per_s});
-  const SaveTimes& save = checkpointer_->last_save();
-  if (save.step >= 0 && save.step != live_save_step_) {
-    live_save_step_ = save.step;
-    options_.live_metrics->record_checkpoint(save.write_s, save.blocked_s);
-  }
 }
 
 std::int64_t Trainer::tokens_per_step() const {
@@ -201,8 +197,20 @@ std::optional<std::filesystem::path> Trainer::trace_file() const {
 
 TrainSummary Trainer::run() {
   const config::Train& t = config_.train();
-  const auto start = Clock::now();
   TrainSummary summary;
+  if (step_ >= t.steps()) {  // a finished run started again: nothing to do, nothing written
+    if (options_.console != nullptr) {
+      *options_.console << fmt::format("already finished at step {} (train.steps = {}); raise train.steps to train "
+                                       "on, or choose a new train.out_dir\n",
+                                       step_, t.steps());
+    }
+    summary.steps = step_;
+    summary.already_finished = true;
+    return summary;
+  }
+  log_run_facts();
+  const auto start = Clock::now();
+  const std::int64_t first_step = step_;  // a resumed run counts only the steps it runs
   double window_seconds = 0.0;
   std::int64_t window_steps = 0;
   double timed_seconds = 0.0;  // all steps but the first, which pays one-time set-up
@@ -211,18 +219,19 @@ TrainSummary Trainer::run() {
     r = step();
     window_seconds += r.seconds;
     ++window_steps;
-    if (r.step > 1) timed_seconds += r.seconds;
+    if (r.step > first_step + 1) timed_seconds += r.seconds;
     if (r.step % t.log_every() == 0 || r.step == t.steps()) {
       const double step_ms = 1e3 * window_seconds / static_cast<double>(window_steps);
       const double tps = static_cast<double>(tokens_per_step()) * 1e3 / step_ms;
       if (metrics_) metrics_->log_step(r.step, r.loss, r.lr, r.grad_norm, tps, step_ms);
-      log_progress(r, tps, step_ms, seconds_since(start));
+      log_progress(r, tps, step_ms, seconds_since(start), r.step - first_step);
       window_seconds = 0.0;
       window_steps = 0;
     }
     if (options_.after_step && r.stop_signal == 0) options_.after_step(r);
     const auto checkpoint_start = Clock::now();
     if (checkpoint_after(r) && tracer_) tracer_->span("checkpoint", checkpoint_start, Clock::now());
+    note_saves();
     if ((t.eval_every() > 0 && r.step % t.eval_every() == 0) || r.step == t.steps()) {
       const auto eval_start = Clock::now();
       const EvalResult e = evaluate();
@@ -242,29 +251,89 @@ TrainSummary Trainer::run() {
     if (tracer_) tracer_->end_iteration();  // writes the trace after its last step
   }
   finish_checkpoint();  // a save still in flight commits before the run ends
+  note_saves();
   if (tracer_) tracer_->finish();  // a run stopped before the last traced step
   // "end" means train.steps were reached: a run stopped by a signal resumes
   // later and appends to the same file, which then reads as one run.
   if (metrics_ && summary.stopped_by_signal == 0) metrics_->log_end(step_, r.loss);
   summary.steps = step_;
+  summary.steps_run = step_ - first_step;
   summary.final_loss = r.loss;
   summary.seconds = seconds_since(start);
-  if (step_ > 1 && timed_seconds > 0.0) {
-    summary.tokens_per_s =
-        static_cast<double>(tokens_per_step() * (step_ - 1)) / timed_seconds;
+  if (summary.steps_run > 1 && timed_seconds > 0.0) {
+    summary.tokens_per_s = static_cast<double>(tokens_per_step() * (summary.steps_run - 1)) / timed_seconds;
   }
   return summary;
 }
 
-void Trainer::log_progress(const StepResult& r, double tokens_per_s, double step_ms,
-                           double elapsed) {
+EvalResult Trainer::evaluate_checkpoint() {
+  if (!resumed_) {
+    throw ConfigError("checkpoint.resume", fmt::format("--eval-only scores a checkpoint, but none was loaded from "
+                                                       "'{}'; set checkpoint.resume to auto (with a checkpoint in "
+                                                       "checkpoint.dir) or to a step's path",
+                                                       checkpointer_->root().string()));
+  }
+  const EvalResult e = evaluate();
+  if (metrics_) metrics_->log_eval(step_, e.loss, e.accuracy, e.perplexity);
+  log_eval(e);
+  return e;
+}
+
+// What a run is about to do, once, before its first step (rank 0).
+void Trainer::log_run_facts() const {
+  if (options_.console == nullptr) return;
+  const config::Train& t = config_.train();
+  const sharding::MemoryStats& m = engine_->memory();
+  const int world = comm_->world_size();
+  const auto mib = [](std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); };
+  *options_.console << fmt::format(
+      "run: {:.2f}M parameters | model state {:.1f} MiB per rank at ZeRO stage {} (params {:.1f}, grads {:.1f}, "
+      "moments {:.1f}) | global batch {} samples = {} tokens (micro-batch {} x accumulation {} x {} rank{}) | data: "
+      "{} train samples, {} held out | config {}\n",
+      static_cast<double>(layout_.total_numel()) / 1e6, mib(m.model_state_bytes()), engine_->stage(),
+      mib(m.param_bytes), mib(m.grad_bytes), mib(m.optimizer_bytes),
+      static_cast<std::int64_t>(t.micro_batch_size()) * t.grad_accum_steps() * world, tokens_per_step(),
+      t.micro_batch_size(), t.grad_accum_steps(), world, world == 1 ? "" : "s", train_samples_, val_samples_,
+      options_.write_outputs ? (std::filesystem::path(t.out_dir()) / "config.json").string() : "(not written)");
+  options_.console->flush();
+}
+
+// A line per committed checkpoint (sync saves at once, async ones when they
+// commit), and the same figures for /metrics.
+void Trainer::note_saves() {
+  const SaveTimes& save = checkpointer_->last_save();
+  if (save.step < 0 || save.step == live_save_step_) return;
+  live_save_step_ = save.step;
+  if (options_.live_metrics != nullptr) options_.live_metrics->record_checkpoint(save.write_s, save.blocked_s);
+  if (options_.console == nullptr) return;
+  *options_.console << fmt::format("{}checkpoint step {} saved in {}: {:.1f} MB (rank 0's file) written in {:.2f} s, "
+                                   "training blocked {:.2f} s ({})\n",
+                                   timestamp(), save.step, checkpointer_->root().string(),
+                                   static_cast<double>(save.bytes) / 1e6, save.write_s, save.blocked_s,
+                                   config_.checkpoint().async() ? "async" : "sync");
+  options_.console->flush();
+}
+
+// "2026-12-03T11:55:01Z " when train.log_timestamps is on, else "".
+std::string Trainer::timestamp() const {
+  if (!config_.train().log_timestamps()) return "";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ ", &tm);
+  return buf;
+}
+
+void Trainer::log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed,
+                           std::int64_t steps_run) {
   if (options_.console == nullptr) return;
   const std::int64_t total = config_.train().steps();
-  const double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(total - r.step);
+  const double eta = elapsed / static_cast<double>(steps_run) * static_cast<double>(total - r.step);
   *options_.console << fmt::format(
-      "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
+      "{}step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
       "{:.1f} ms/step | ETA {}\n",
-      r.step, std::to_string(total).size(), total, r.loss, r.lr, r.grad_norm, tokens_per_s,
+      timestamp(), r.step, std::to_string(total).size(), total, r.loss, r.lr, r.grad_norm, tokens_per_s,
       step_ms, format_duration(eta));
   options_.console->flush();
 }
@@ -274,7 +343,7 @@ void Trainer::log_eval(const EvalResult& e) {
   std::string extra;
   if (e.accuracy) extra = fmt::format(" | accuracy {:.2f}%", 100.0 * *e.accuracy);
   if (e.perplexity) extra = fmt::format(" | perplexity {:.3f}", *e.perplexity);
-  *options_.console << fmt::format("eval step {} | loss {:.4f}{}\n", step_, e.loss, extra);
+  *options_.console << fmt::format("{}eval step {} | loss {:.4f}{}\n", timestamp(), step_, e.loss, extra);
   options_.console->flush();
 }
 

@@ -89,8 +89,10 @@ struct TrainSummary {
   double final_loss = 0.0;
   std::optional<EvalResult> final_eval;
   double seconds = 0.0;
-  double tokens_per_s = 0.0;  // over all steps after the first
+  std::int64_t steps_run = 0;  // by this process (a resumed run started after its checkpoint)
+  double tokens_per_s = 0.0;  // over the steps this process ran, after its first
   int stopped_by_signal = 0;  // the run saved and stopped early on this signal
+  bool already_finished = false;  // train.steps were done before this run started: it did nothing
 };
 
 // The model described by the config's model section (and the dataset's shape).
@@ -111,6 +113,9 @@ class Trainer {
   StepResult step();
   // Mean loss (and accuracy or perplexity) over train.eval_batches validation batches.
   EvalResult evaluate();
+  // --eval-only: evaluate() the checkpoint this trainer resumed from, logged
+  // as an eval line. ConfigError naming checkpoint.resume when none was loaded.
+  EvalResult evaluate_checkpoint();
 
   const nn::ModelConfig& model() const { return model_config_; }
   const nn::ParameterLayout& layout() const { return layout_; }
@@ -150,8 +155,12 @@ class Trainer {
   void open_outputs();
 
   bool checkpoint_after(const StepResult& r);  // whether it saved (or started a save)
-  void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed);
+  void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed,
+                    std::int64_t steps_run);
   void log_eval(const EvalResult& e);
+  void log_run_facts() const;
+  void note_saves();
+  std::string timestamp() const;
   bool is_rank0() const { return comm_->rank() == 0; }
   // The hooks the model calls: the tracer around the engine while a step is traced.
   nn::BlockHooks& hooks();
@@ -180,6 +189,7 @@ class Trainer {
   std::unique_ptr<Checkpointer> checkpointer_;
   std::optional<ResumePoint> resumed_;
   std::int64_t batch_ = 0, seq_ = 0;        // micro-batch rows, sequence length
+  std::int64_t train_samples_ = 0, val_samples_ = 0;
   std::unique_ptr<data::Loader> train_loader_;
   std::unique_ptr<data::Loader> val_loader_;
   std::unique_ptr<MetricsWriter> metrics_;

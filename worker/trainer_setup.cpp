@@ -198,6 +198,8 @@ void Trainer::make_loaders(const data::DatasetPair& datasets) {
   lo.shuffle = false;
   lo.prefetch = 0;
   val_loader_ = std::make_unique<data::Loader>(datasets.val, lo);
+  train_samples_ = datasets.train->size();
+  val_samples_ = datasets.val->size();
   schedule_ = nn::LrSchedule{config_.optimizer().lr(), config_.schedule().warmup_steps(), t.steps(),
                              parse_decay(config_.schedule().decay()), config_.schedule().min_lr_ratio()};
 }

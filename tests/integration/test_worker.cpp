@@ -1,5 +1,6 @@
 // dtrain-worker end to end: the real binary on small configs, its outputs,
 // its error messages, and run-to-run determinism.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -165,6 +166,71 @@ TEST(Worker, CorruptTokenShardNamesTheMagicFound) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("12345"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("train.bin"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace dtrain::testing
+
+namespace dtrain::testing {
+namespace {
+
+// What a run says before its first step, and a line per saved checkpoint,
+// with ISO timestamps on progress lines unless train.log_timestamps is off.
+TEST(WorkerConsole, RunFactsCheckpointLinesAndTimestamps) {
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const CommandResult r = worker(config.string(), "--set train.out_dir=" + (dir / "run").string() +
+                                                      " --set checkpoint.every_steps=10 --set train.steps=10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("M parameters | model state "));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("global batch 8 samples = 128 tokens (micro-batch 4 x accumulation 2 x 1 rank)"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("config " + (dir / "run" / "config.json").string()));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z step 10/10"));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("checkpoint step 10 saved in .*: [0-9.]+ MB .*\\(sync\\)"));
+  const CommandResult plain = worker(config.string(), "--set train.out_dir=" + (dir / "plain").string() +
+                                                          " --set train.log_timestamps=false --set train.steps=5");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_THAT(plain.output, ::testing::HasSubstr("\nstep 5/5"));
+}
+
+// A finished run started again does nothing and writes nothing; --eval-only
+// scores the checkpoint as the training run's eval line did; --print-config
+// prints the resolved config.
+TEST(WorkerConsole, FinishedRunEvalOnlyAndPrintConfig) {
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const std::string run = " --set train.out_dir=" + (dir / "run").string() + " --set checkpoint.every_steps=30";
+  ASSERT_EQ(worker(config.string(), run).exit_code, 0);
+  const std::string metrics = read_file(dir / "run" / "metrics.jsonl");
+  const CommandResult again = worker(config.string(), run);
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, ::testing::HasSubstr("already finished at step 30"));
+  EXPECT_EQ(read_file(dir / "run" / "metrics.jsonl"), metrics) << "a finished run's metrics changed";
+
+  const CommandResult eval = worker(config.string(), run + " --eval-only");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  const auto lines = read_jsonl(dir / "run" / "metrics.jsonl");
+  const nlohmann::json& scored = lines.back();
+  EXPECT_EQ(scored["event"], "eval");
+  EXPECT_EQ(scored["step"], 30);
+  nlohmann::json trained;
+  for (const auto& j : lines) {
+    if (j.value("event", "") == "eval" && j["step"] == 30 && trained.is_null()) trained = j;
+  }
+  ASSERT_FALSE(trained.is_null());
+  EXPECT_EQ(scored["loss"], trained["loss"]) << "--eval-only scored the checkpoint differently";
+
+  TempDir none;
+  const CommandResult nothing = worker(config.string(), "--eval-only --set train.out_dir=" + (none / "r").string());
+  EXPECT_EQ(nothing.exit_code, 2);
+  EXPECT_THAT(nothing.output, ::testing::HasSubstr("checkpoint.resume"));
+
+  const CommandResult printed = worker(config.string(), "--print-config --set train.steps=7");
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  const nlohmann::json resolved = nlohmann::json::parse(printed.output);
+  EXPECT_EQ(resolved["train"]["steps"], 7);
+  EXPECT_EQ(resolved["parallel"]["zero_stage"], 0);
+  EXPECT_EQ(resolved["checkpoint"]["resume"], "auto");  // defaults filled in
 }
 
 }  // namespace
