@@ -109,4 +109,8 @@ void Engine::state_loaded() {
 
 nn::Device& Engine::device() { return impl_->device(); }
 
+MemoryStats Engine::plan_memory(const nn::ParameterLayout& layout, int world, const EngineOptions& options) {
+  return plan_buffers(layout, world, options).stats();
+}
+
 }  // namespace dtrain::sharding

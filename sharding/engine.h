@@ -171,6 +171,10 @@ class Engine : public nn::BlockHooks {
   std::vector<StateSlice> state_to_load();
   void state_loaded();
 
+  // What an engine of `world` ranks would hold per rank, without allocating
+  // (a dry run's figures; memory() of the engine it would build).
+  static MemoryStats plan_memory(const nn::ParameterLayout& layout, int world, const EngineOptions& options);
+
   int stage() const { return options_.stage; }
   const nn::ParameterLayout& layout() const { return layout_; }
   const MemoryStats& memory() const { return memory_; }

@@ -2,6 +2,7 @@
 // checkpoints read and write.
 #include "sharding/engine_state.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -27,12 +28,59 @@ constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
 
 }  // namespace
 
+MemoryStats BufferPlan::stats() const {
+  MemoryStats m;
+  m.param_bytes = static_cast<std::int64_t>(params * sizeof(float));
+  m.grad_bytes = static_cast<std::int64_t>(grads * sizeof(float));
+  m.optimizer_bytes = static_cast<std::int64_t>(2 * moments * sizeof(float));
+  const std::size_t f32 = 2 * (gather_slot + grad_slot) + gather_block0 + grad_block0;
+  const std::size_t half = compute + 2 * (compute_slot + staging_slot) + compute_block0 + staging + staging_block0;
+  m.working_bytes = static_cast<std::int64_t>(f32 * sizeof(float) + half * sizeof(std::uint16_t));
+  return m;
+}
+
+BufferPlan plan_buffers(const nn::ParameterLayout& layout, int world, const EngineOptions& o) {
+  std::size_t full = 0, sharded = 0, max_padded = 0;
+  for (const nn::BlockSpec& b : layout.blocks()) {
+    full += as_size(padded_size(b.numel, world));
+    sharded += as_size(shard_size(b.numel, world));
+    max_padded = std::max(max_padded, as_size(padded_size(b.numel, world)));
+  }
+  const std::size_t block0 = o.tied_embeddings ? as_size(padded_size(layout.blocks()[0].numel, world)) : 0;
+  const bool half_compute = o.compute != DType::f32, half_reduce = o.reduce != DType::f32;
+  const int stage = o.stage;
+  BufferPlan p;
+  p.params = stage == 3 ? sharded : full;
+  p.grads = stage >= 2 ? sharded : full;
+  p.moments = stage == 0 ? full : sharded;
+  if (stage >= 2) {
+    p.grad_slot = max_padded;
+    p.grad_block0 = block0;
+  }
+  if (stage == 3) {
+    p.gather_slot = max_padded;
+    p.gather_block0 = block0;
+  }
+  if (half_compute) {
+    p.compute = stage < 3 ? full : 0;
+    p.compute_slot = stage == 3 ? max_padded : 0;
+    p.compute_block0 = stage == 3 ? block0 : 0;
+  }
+  if (half_reduce) {
+    p.staging = stage < 2 ? full : 0;
+    p.staging_slot = stage >= 2 ? max_padded : 0;
+    p.staging_block0 = stage >= 2 ? block0 : 0;
+  }
+  return p;
+}
+
 Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, nn::Device& device,
                    EngineOptions options)
     : layout_(layout),
       comm_(comm),
       dev_(device),
       options_(options),
+      plan_(plan_buffers(layout, comm.world_size(), options)),
       world_(comm.world_size()),
       rank_(comm.rank()),
       blocks_(layout.num_blocks()),
@@ -46,46 +94,35 @@ Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, 
     shard_offset_.push_back(sharded);
     full += padded_size(n, world_);
     sharded += shard_size(n, world_);
-    max_padded_ = std::max(max_padded_, padded_size(n, world_));
   }
-  const int stage = options.stage;
-  params_ = Array<float>(dev_, as_size(stage == 3 ? sharded : full));
-  grads_ = Array<float>(dev_, as_size(stage >= 2 ? sharded : full));
-  exp_avg_ = Array<float>(dev_, as_size(stage == 0 ? full : sharded));
-  exp_avg_sq_ = Array<float>(dev_, as_size(stage == 0 ? full : sharded));
-  const std::size_t block0 = tied_ ? as_size(padded_size(numel_[0], world_)) : 0;
-  if (stage >= 2) {
-    for (auto& s : grad_slot_) s = Array<float>(dev_, as_size(max_padded_));
-    grad_block0_ = Array<float>(dev_, block0);
-  }
-  if (stage == 3) {
-    for (auto& s : gather_) s = Array<float>(dev_, as_size(max_padded_));
-    gather_block0_ = Array<float>(dev_, block0);
-  }
-  sum_sq_ = Array<double>(dev_, 1);
-  all_sums_ = Array<double>(dev_, as_size(world_));
-  host_sums_ = nn::HostArray<double>(dev_, as_size(world_));
-  allocate_mixed_precision();
+  allocate(plan_);
   std::vector<std::int64_t> padded;
   for (const std::int64_t n : numel_) padded.push_back(padded_size(n, world_));
   buckets_ = plan_buckets(padded, options.bucket_mb);
 }
 
-void Engine::Impl::allocate_mixed_precision() {
-  const int stage = options_.stage;
-  const std::size_t full = stage == 3 ? 0 : as_size(full_offset_.back() + padded_size(numel_.back(), world_));
-  const std::size_t block0 = tied_ ? as_size(padded_size(numel_[0], world_)) : 0;
+void Engine::Impl::allocate(const BufferPlan& p) {
+  using F32 = Array<float>;
   using Half = Array<std::uint16_t>;
-  if (half_compute() && stage < 3) compute_ = Half(dev_, full);
-  if (half_compute() && stage == 3) {
-    for (auto& s : compute_slot_) s = Half(dev_, as_size(max_padded_));
-    compute_block0_ = Half(dev_, block0);
+  params_ = F32(dev_, p.params);
+  grads_ = F32(dev_, p.grads);
+  exp_avg_ = F32(dev_, p.moments);
+  exp_avg_sq_ = F32(dev_, p.moments);
+  for (int i = 0; i < 2; ++i) {
+    grad_slot_[i] = F32(dev_, p.grad_slot);
+    gather_[i] = F32(dev_, p.gather_slot);
+    compute_slot_[i] = Half(dev_, p.compute_slot);
+    staging_slot_[i] = Half(dev_, p.staging_slot);
   }
-  if (half_reduce() && stage < 2) staging_ = Half(dev_, full);
-  if (half_reduce() && stage >= 2) {
-    for (auto& s : staging_slot_) s = Half(dev_, as_size(max_padded_));
-    staging_block0_ = Half(dev_, block0);
-  }
+  grad_block0_ = F32(dev_, p.grad_block0);
+  gather_block0_ = F32(dev_, p.gather_block0);
+  compute_ = Half(dev_, p.compute);
+  compute_block0_ = Half(dev_, p.compute_block0);
+  staging_ = Half(dev_, p.staging);
+  staging_block0_ = Half(dev_, p.staging_block0);
+  sum_sq_ = Array<double>(dev_, 1);
+  all_sums_ = Array<double>(dev_, as_size(world_));
+  host_sums_ = nn::HostArray<double>(dev_, as_size(world_));
 }
 
 std::uint16_t* Engine::Impl::compute_buffer(int b) {
@@ -112,19 +149,7 @@ void Engine::Impl::refresh_compute() {
   for (int b = 0; b < blocks_; ++b) dev_.to_half(full_params(b), compute_buffer(b), options_.compute, numel_[as_size(b)]);
 }
 
-MemoryStats Engine::Impl::memory() const {
-  MemoryStats m;
-  m.param_bytes = static_cast<std::int64_t>(params_.bytes());
-  m.grad_bytes = static_cast<std::int64_t>(grads_.bytes());
-  m.optimizer_bytes = static_cast<std::int64_t>(exp_avg_.bytes() + exp_avg_sq_.bytes());
-  std::size_t working = gather_block0_.bytes() + grad_block0_.bytes() + compute_.bytes() + compute_block0_.bytes() +
-                        staging_.bytes() + staging_block0_.bytes();
-  for (int i = 0; i < 2; ++i) {
-    working += gather_[i].bytes() + grad_slot_[i].bytes() + compute_slot_[i].bytes() + staging_slot_[i].bytes();
-  }
-  m.working_bytes = static_cast<std::int64_t>(working);
-  return m;
-}
+MemoryStats Engine::Impl::memory() const { return plan_.stats(); }
 
 float* Engine::Impl::gather_buffer(int b) {
   if (tied_ && b == 0) return gather_block0_.data();
@@ -173,7 +198,7 @@ void Engine::Impl::check_collectives() {
 void Engine::Impl::initialise_parameters(std::uint64_t seed) {
   const auto& specs = layout_.params();
   std::uint64_t checksum = kFnvBasis;
-  AlignedBuffer<float> block(as_size(max_padded_));
+  AlignedBuffer<float> block(as_size(*std::max_element(numel_.begin(), numel_.end())));
   for (int b = 0; b < blocks_; ++b) {
     const auto& spec = layout_.blocks()[as_size(b)];
     for (int i = spec.first_param; i < spec.first_param + spec.num_params; ++i) {

@@ -36,6 +36,18 @@
 
 namespace dtrain::sharding {
 
+// Elements of each of the engine's buffers (the memory table above) for a
+// layout, a world size and options: what the engine allocates, and what a
+// dry run reports without allocating.
+struct BufferPlan {
+  std::size_t params = 0, grads = 0, moments = 0;  // moments: each of exp_avg, exp_avg_sq
+  std::size_t gather_slot = 0, gather_block0 = 0, grad_slot = 0, grad_block0 = 0;  // f32; slots come in twos
+  std::size_t compute = 0, compute_slot = 0, compute_block0 = 0;                   // 16-bit
+  std::size_t staging = 0, staging_slot = 0, staging_block0 = 0;                   // 16-bit
+  MemoryStats stats() const;
+};
+BufferPlan plan_buffers(const nn::ParameterLayout& layout, int world, const EngineOptions& options);
+
 struct Engine::Impl {
   Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, nn::Device& device, EngineOptions options);
 
@@ -95,7 +107,7 @@ struct Engine::Impl {
   std::uint16_t* staging_buffer(int b);  // stages 2-3: beside gradient_buffer(b)
   bool half_compute() const { return options_.compute != DType::f32; }
   bool half_reduce() const { return options_.reduce != DType::f32; }
-  void allocate_mixed_precision();
+  void allocate(const BufferPlan& plan);
   Slot& gradient_slot(int b);
   Slot& gather_slot(int b);
   void launch_gather(int b);
@@ -118,12 +130,12 @@ struct Engine::Impl {
   comm::Communicator& comm_;
   nn::Device& dev_;
   EngineOptions options_;
+  BufferPlan plan_;
   int world_;
   int rank_;
   int blocks_;
   bool tied_;
   std::vector<std::int64_t> numel_, shard_, full_offset_, shard_offset_;
-  std::int64_t max_padded_ = 0;
 
   template <class T>
   using Array = nn::DeviceArray<T>;

@@ -86,6 +86,7 @@ struct WorkerArgs {
   std::string slow_rank;
   bool print_config = false;  // print the resolved config and stop
   bool eval_only = false;     // score the checkpoint resumed from, train nothing
+  bool dry_run = false;       // validate, plan the memory, stop
 };
 
 void add_options(CLI::App& app, WorkerArgs& args) {
@@ -96,6 +97,9 @@ void add_options(CLI::App& app, WorkerArgs& args) {
                  "serve Prometheus /metrics on this port plus the local rank (0: off)");
   app.add_option("--metrics-host", args.metrics_host, "the address /metrics listens on");
   app.add_flag("--print-config", args.print_config, "print the resolved, validated config as JSON and exit");
+  app.add_flag("--dry-run", args.dry_run,
+               "validate the config, build the model and print the memory each rank needs against the machine's; "
+               "exit 0 when it fits, 2 when not");
   app.add_flag("--eval-only", args.eval_only,
                "score the checkpoint checkpoint.resume names on the held-out data (one eval line), train nothing");
   app.add_option("--testonly-slow-rank", args.slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
@@ -169,6 +173,18 @@ void print_end(const dtrain::worker::TrainSummary& summary) {
   }
 }
 
+// --dry-run: the memory plan of one rank against the machine's memory.
+int dry_run(const dtrain::config::Config& config, const dtrain::cluster::Environment& env) {
+  const dtrain::worker::MemoryPlan plan = dtrain::worker::plan_run(config, env.world_size);
+  const std::int64_t available = dtrain::worker::available_memory_bytes();
+  std::cout << dtrain::worker::describe(plan, config, env.world_size);
+  std::cout << fmt::format("available        {:>10.1f} MiB on this node, for {} rank(s)\n",
+                           static_cast<double>(available) / (1024.0 * 1024.0), env.local_world_size);
+  dtrain::worker::check_fits(plan, available, env.local_world_size, config);
+  std::cout << "dry run: the config is valid and the run fits\n";
+  return 0;
+}
+
 // Who this process is (dtrain-launch, mpirun, srun or alone), the run's
 // store and the communicators, then the training run.
 int train(const WorkerArgs& args) {
@@ -178,6 +194,7 @@ int train(const WorkerArgs& args) {
     return 0;
   }
   const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
+  if (args.dry_run) return dry_run(config, env);
   const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
   // Under dtrain-launch: step, phase and collective for its hang detection.
   const auto heartbeat = dtrain::worker::Heartbeat::from_environment(env, dtrain::cluster::process_environment());
@@ -196,6 +213,7 @@ int train(const WorkerArgs& args) {
                                                        .cuda_device = config.device() == "cuda"
                                                                           ? dtrain::comm::cuda_device_for(env)
                                                                           : 0,
+                                                       .ranks_on_node = env.local_world_size,
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});

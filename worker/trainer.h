@@ -24,6 +24,7 @@
 #include "proto/config.pb.h"
 #include "sharding/engine.h"
 #include "worker/checkpointing.h"
+#include "worker/memory_plan.h"
 #include "worker/metrics.h"
 
 namespace dtrain::worker {
@@ -51,6 +52,8 @@ struct TrainerOptions {
   std::shared_ptr<nn::Device> device = nullptr;
   // device cuda: which of the visible GPUs (comm::cuda_device_for).
   int cuda_device = 0;
+  // Ranks on this machine, which share its memory (checked before allocating).
+  int ranks_on_node = 1;
   // Where checkpoint files go (null: the file system); tests inject faults here.
   checkpoint::Env* checkpoint_env = nullptr;
   // Called by run() on every rank after each step, before any checkpoint of it.
@@ -97,6 +100,10 @@ struct TrainSummary {
 
 // The model described by the config's model section (and the dataset's shape).
 nn::ModelConfig model_config(const config::Config& config);
+
+// What one of `world` ranks would hold in memory (worker/memory_plan.h),
+// with the datasets loaded as a run loads them: `dtrain-worker --dry-run`.
+MemoryPlan plan_run(const config::Config& config, int world);
 
 class Trainer {
   using Clock = std::chrono::steady_clock;

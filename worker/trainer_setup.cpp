@@ -104,6 +104,11 @@ nn::ModelConfig model_config(const config::Config& c) {
   return mc;
 }
 
+MemoryPlan plan_run(const config::Config& config, int world) {
+  const data::DatasetPair datasets = data::make_datasets(data_spec(config));
+  return plan_memory(config, world, datasets.train->info().seq_len);
+}
+
 Trainer::Trainer(const config::Config& config, TrainerOptions options)
     : config_(config), options_(std::move(options)), model_config_(model_config(config)) {
   check_device_comms(config_, options_);
@@ -121,6 +126,9 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   }
   layout_ = nn::declare_parameters(model_config_);
   comm_ = options_.comm ? options_.comm : single_process_communicator();
+  // Before anything large is allocated: a run that cannot fit stops here, saying why.
+  check_fits(plan_memory(config_, comm_->world_size(), seq), available_memory_bytes(), options_.ranks_on_node,
+             config_);
   connect_device(device_comm);
   build_engine_and_model(seq);
   if (!is_rank0()) options_.console = nullptr;

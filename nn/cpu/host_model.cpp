@@ -34,4 +34,61 @@ std::unique_ptr<Model> HostDevice::make_model(const ModelConfig& config, const P
 }
 
 }  // namespace cpu
+
+namespace {
+
+// A device that hands out no memory and runs nothing: it only counts the
+// bytes asked of it. A graph built on it reports its buffers' sizes; nothing
+// may read or write through its pointers.
+class CountingDevice final : public Device {
+ public:
+  std::string name() const override { return "counting"; }
+  bool host_memory() const override { return false; }
+  bool asynchronous() const override { return false; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(0); }
+  void* allocate(std::size_t) override { return &nowhere_; }
+  void release(void*) noexcept override {}
+  void* allocate_host(std::size_t) override { return &nowhere_; }
+  void release_host(void*) noexcept override {}
+  void copy(void*, const void*, std::size_t) override {}
+  void zero(void*, std::size_t) override {}
+  FencePtr fence() override { return nullptr; }
+  void wait(const FencePtr&) override {}
+  void synchronize() override {}
+  void to_half(const float*, std::uint16_t*, DType, std::int64_t) override {}
+  void to_f32(const std::uint16_t*, DType, float*, std::int64_t, bool) override {}
+  void add(float*, const float*, std::int64_t) override {}
+  void sum_of_squares(const float*, std::int64_t, double*) override {}
+  void adamw(float*, const float*, float*, float*, std::int64_t, const AdamWHyper&, float, std::int64_t,
+             float) override {}
+  std::unique_ptr<Model> make_model(const ModelConfig&, const ParameterLayout&, std::int64_t,
+                                    std::int64_t) override {
+    return nullptr;
+  }
+
+ private:
+  alignas(64) static inline std::byte nowhere_[64];
+};
+
+}  // namespace
+
+std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
+                                      std::int64_t seq_len) {
+  CountingDevice counting;
+  cpu::HostDevice host;  // the kernels' device: never called while the graph is built
+  ModelConfig f32 = config;
+  switch (config.compute) {  // only the storage type changes the sizes
+    case DType::bf16:
+    case DType::f16:
+      return Graph<cpu::HostKernels<cpu::Bf16Format>>(counting, cpu::HostKernels<cpu::Bf16Format>(host), config,
+                                                       layout, batch, seq_len)
+          .activation_bytes();
+    default:
+      f32.compute = DType::f32;
+      return Graph<cpu::HostKernels<cpu::F32Format>>(counting, cpu::HostKernels<cpu::F32Format>(host), f32, layout,
+                                                      batch, seq_len)
+          .activation_bytes();
+  }
+}
+
 }  // namespace dtrain::nn

@@ -1,0 +1,97 @@
+#include "worker/memory_plan.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "nn/transformer.h"
+#include "worker/precision.h"
+#include "worker/trainer.h"
+
+namespace dtrain::worker {
+namespace {
+
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// A field of /proc/self/status or /proc/meminfo in bytes ("VmRSS:  1234 kB"); 0 when absent.
+std::int64_t proc_kb_field(const char* file, const std::string& name) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + ":", 0) != 0) continue;
+    std::istringstream fields(line.substr(name.size() + 1));
+    std::int64_t kb = 0;
+    fields >> kb;
+    return kb * 1024;
+  }
+  return 0;
+}
+
+// One loader's batches: its ring of prefetch + 1, each of `rows` samples.
+std::int64_t loader_bytes(const config::Config& c, std::int64_t seq_len, int prefetch) {
+  const std::int64_t rows = c.train().micro_batch_size();
+  const bool patches = c.model().input() == "patches";
+  const std::int64_t patch = static_cast<std::int64_t>(c.model().patch_size()) * c.model().patch_size();
+  const std::int64_t inputs = rows * seq_len * (patches ? patch * 4 : 4);
+  const std::int64_t targets = (c.model().kind() == "lm" ? rows * seq_len : rows) * 4;
+  return (prefetch + 1) * (inputs + targets);
+}
+
+}  // namespace
+
+std::int64_t MemoryPlan::host_total() const { return resident_bytes + host_to_allocate(); }
+
+std::int64_t MemoryPlan::host_to_allocate() const {
+  const std::int64_t device = state.model_state_bytes() + state.working_bytes + activation_bytes;
+  return loader_bytes + (on_device ? 0 : device);
+}
+
+MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len) {
+  const nn::ModelConfig model = model_config(c);
+  const nn::ParameterLayout layout = nn::declare_parameters(model);
+  sharding::EngineOptions eo;
+  eo.stage = c.parallel().zero_stage();
+  eo.tied_embeddings = model.tie_embeddings;
+  eo.compute = compute_dtype(c);
+  eo.reduce = reduce_dtype(c);
+  MemoryPlan plan;
+  plan.state = sharding::Engine::plan_memory(layout, world, eo);
+  plan.activation_bytes = nn::planned_activation_bytes(model, layout, c.train().micro_batch_size(), seq_len);
+  plan.loader_bytes = loader_bytes(c, seq_len, c.data().prefetch()) + loader_bytes(c, seq_len, 0);
+  plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
+  plan.on_device = c.device() == "cuda";
+  return plan;
+}
+
+std::int64_t available_memory_bytes() { return proc_kb_field("/proc/meminfo", "MemAvailable"); }
+
+std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
+  const char* where = p.on_device ? "GPU" : "host";
+  std::string out = fmt::format("memory per rank ({} rank(s), ZeRO stage {}, micro-batch {}):\n", world,
+                                c.parallel().zero_stage(), c.train().micro_batch_size());
+  out += fmt::format("  parameters       {:>10.1f} MiB ({})\n", mib(p.state.param_bytes), where);
+  out += fmt::format("  gradients        {:>10.1f} MiB ({})\n", mib(p.state.grad_bytes), where);
+  out += fmt::format("  optimizer state  {:>10.1f} MiB ({})\n", mib(p.state.optimizer_bytes), where);
+  out += fmt::format("  working buffers  {:>10.1f} MiB ({})\n", mib(p.state.working_bytes), where);
+  out += fmt::format("  activations      {:>10.1f} MiB ({})\n", mib(p.activation_bytes), where);
+  out += fmt::format("  data loaders     {:>10.1f} MiB (host)\n", mib(p.loader_bytes));
+  out += fmt::format("  process and data {:>10.1f} MiB (host, resident now)\n", mib(p.resident_bytes));
+  out += fmt::format("  host total       {:>10.1f} MiB\n", mib(p.host_total()));
+  return out;
+}
+
+void check_fits(const MemoryPlan& p, std::int64_t available, int ranks_on_node, const config::Config& c) {
+  const std::int64_t needed = p.host_to_allocate() * ranks_on_node;
+  if (available <= 0 || needed <= available) return;
+  throw Error(fmt::format(
+      "this run needs about {:.0f} MiB more host memory per rank ({:.0f} MiB of model state at ZeRO stage {}, "
+      "{:.0f} MiB of activations, {:.0f} MiB of data batches), {:.0f} MiB for the {} rank(s) on this node, but "
+      "{:.0f} MiB are available; raise parallel.zero_stage (3 shards parameters, gradients and moments over the "
+      "ranks), use more ranks, or lower train.micro_batch_size (activations grow with it)",
+      mib(p.host_to_allocate()), mib(p.state.model_state_bytes() + p.state.working_bytes),
+      c.parallel().zero_stage(), mib(p.activation_bytes), mib(p.loader_bytes), mib(needed), ranks_on_node,
+      mib(available)));
+}
+
+}  // namespace dtrain::worker
