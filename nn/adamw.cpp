@@ -5,25 +5,32 @@
 
 namespace dtrain::nn {
 
-void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                  std::int64_t n, const AdamWHyper& hyper, float weight_decay,
-                  std::int64_t step, float grad_scale) {
+AdamWConstants adamw_constants(const AdamWHyper& hyper, float weight_decay, std::int64_t step, float grad_scale) {
   const double t = static_cast<double>(step);
   const float bias_correction1 = static_cast<float>(1.0 - std::pow(hyper.beta1, t));
   const float bias_correction2 = static_cast<float>(1.0 - std::pow(hyper.beta2, t));
-  const float step_size = hyper.lr / bias_correction1;
-  const float inv_bc2_sqrt = 1.0f / std::sqrt(bias_correction2);
-  const float decay = 1.0f - hyper.lr * weight_decay;
-  const float b1 = hyper.beta1, b2 = hyper.beta2, eps = hyper.eps;
+  return AdamWConstants{.b1 = hyper.beta1,
+                        .b2 = hyper.beta2,
+                        .eps = hyper.eps,
+                        .step_size = hyper.lr / bias_correction1,
+                        .inv_bc2_sqrt = 1.0f / std::sqrt(bias_correction2),
+                        .decay = 1.0f - hyper.lr * weight_decay,
+                        .grad_scale = grad_scale};
+}
+
+void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                  std::int64_t n, const AdamWHyper& hyper, float weight_decay,
+                  std::int64_t step, float grad_scale) {
+  const AdamWConstants k = adamw_constants(hyper, weight_decay, step, grad_scale);
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_scale;
-    const float m = b1 * exp_avg[i] + (1.0f - b1) * g;
-    const float v = b2 * exp_avg_sq[i] + (1.0f - b2) * g * g;
+    const float g = grad[i] * k.grad_scale;
+    const float m = k.b1 * exp_avg[i] + (1.0f - k.b1) * g;
+    const float v = k.b2 * exp_avg_sq[i] + (1.0f - k.b2) * g * g;
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    const float denom = std::sqrt(v) * inv_bc2_sqrt + eps;
-    param[i] = param[i] * decay - step_size * m / denom;
+    const float denom = std::sqrt(v) * k.inv_bc2_sqrt + k.eps;
+    param[i] = param[i] * k.decay - k.step_size * m / denom;
   }
 }
 

@@ -19,6 +19,17 @@ struct AdamWHyper {
   float weight_decay = 0.01f;
 };
 
+// The constants of one update, computed on the host as torch does (the bias
+// corrections in double); every device's AdamW applies them per element.
+struct AdamWConstants {
+  float b1, b2, eps;
+  float step_size;     // lr / (1 - b1^t)
+  float inv_bc2_sqrt;  // 1 / sqrt(1 - b2^t)
+  float decay;         // 1 - lr * weight_decay
+  float grad_scale;
+};
+AdamWConstants adamw_constants(const AdamWHyper& hyper, float weight_decay, std::int64_t step, float grad_scale);
+
 // One update of n elements at optimizer step `step` (1-based):
 //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps).

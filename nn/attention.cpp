@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "nn/attention_steps.h"
 #include "nn/cpu/matmul.h"
 #include "nn/cpu/parallel.h"
 #include "nn/cpu/vec_math.h"
@@ -46,13 +47,6 @@ void to_heads(const AttentionShape& s, const T* src, std::int64_t parts, std::in
 template <class T>
 void from_heads(const AttentionShape& s, const T* src, std::int64_t parts, std::int64_t part, T* dst) {
   copy_heads(s, false, dst, parts, part, const_cast<T*>(src));  // only read in this direction
-}
-
-// One product per (batch, head): [m, k] x [k, n] -> [m, n], op(A) / op(B) transposed as asked.
-Gemm batched(const AttentionShape& s, DType operands, DType output, std::int64_t m, std::int64_t n, std::int64_t k,
-             bool trans_a = false, bool trans_b = false, float alpha = 1.0f) {
-  return Gemm{.m = m, .n = n, .k = k, .trans_a = trans_a, .trans_b = trans_b, .alpha = alpha,
-              .batch = s.batch * s.heads, .a_type = operands, .b_type = operands, .c_type = output};
 }
 
 // fn(r) for every row r of the [B*H*T, T] score matrices, across threads.
@@ -100,44 +94,36 @@ void softmax_backward_rows(const AttentionShape& s, const typename F::T* probs, 
   });
 }
 
+// The CPU's operations for the shared steps (nn/attention_steps.h).
+template <class F>
+struct HostOps {
+  using T = typename F::T;
+  const AttentionShape& s;
+  void gemm(const Gemm& g, const void* a, const void* b, void* c) { cpu::gemm(g, a, b, c); }
+  void to_heads(const T* src, std::int64_t parts, std::int64_t part, T* dst) { nn::to_heads(s, src, parts, part, dst); }
+  void from_heads(const T* src, std::int64_t parts, std::int64_t part, T* dst) {
+    nn::from_heads(s, src, parts, part, dst);
+  }
+  void softmax(float* scores, T* probs) { softmax_rows<F>(s, scores, probs); }
+  void softmax_backward(const T* probs, const float* dp, T* ds) { softmax_backward_rows<F>(s, probs, dp, ds); }
+};
+
 }  // namespace
 
 template <class F>
 void attention_forward(const AttentionShape& s, const typename F::T* qkv, typename F::T* out,
                        const AttentionSaved<typename F::T>& saved,
                        const AttentionScratch<typename F::T>& scratch) {
-  for (int part = 0; part < 3; ++part) to_heads(s, qkv, 3, part, part == 0 ? saved.q : part == 1 ? saved.k : saved.v);
-  const std::int64_t T = s.seq, hd = s.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // S = Q K^T / sqrt(hd); P = softmax(S); O = P V
-  cpu::gemm(batched(s, F::kDType, DType::f32, T, T, hd, false, true, scale), static_cast<const void*>(saved.q),
-            saved.k, scratch.scores);
-  softmax_rows<F>(s, scratch.scores, saved.probs);
-  cpu::gemm(batched(s, F::kDType, F::kDType, T, hd, T), static_cast<const void*>(saved.probs), saved.v,
-            scratch.heads);
-  from_heads(s, scratch.heads, 1, 0, out);
+  HostOps<F> ops{s};
+  attention_forward_steps<F::kDType>(ops, s, qkv, out, saved, scratch);
 }
 
 template <class F>
 void attention_backward(const AttentionShape& s, const typename F::T* d_out, typename F::T* d_qkv,
                         const AttentionSaved<typename F::T>& saved,
                         const AttentionScratch<typename F::T>& scratch) {
-  to_heads(s, d_out, 1, 0, scratch.heads);
-  const DType h = F::kDType;
-  const std::int64_t T = s.seq, hd = s.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // dP = dO V^T; dV = P^T dO; dS = softmax'(dP); dQ = dS K / sqrt(hd); dK = dS^T Q / sqrt(hd)
-  cpu::gemm(batched(s, h, DType::f32, T, T, hd, false, true), static_cast<const void*>(scratch.heads), saved.v,
-            scratch.scores);
-  cpu::gemm(batched(s, h, h, T, hd, T, true), static_cast<const void*>(saved.probs), scratch.heads, scratch.dv);
-  softmax_backward_rows<F>(s, saved.probs, scratch.scores, scratch.d_scores);
-  cpu::gemm(batched(s, h, h, T, hd, T, false, false, scale), static_cast<const void*>(scratch.d_scores), saved.k,
-            scratch.dq);
-  cpu::gemm(batched(s, h, h, T, hd, T, true, false, scale), static_cast<const void*>(scratch.d_scores), saved.q,
-            scratch.dk);
-  from_heads(s, scratch.dq, 3, 0, d_qkv);
-  from_heads(s, scratch.dk, 3, 1, d_qkv);
-  from_heads(s, scratch.dv, 3, 2, d_qkv);
+  HostOps<F> ops{s};
+  attention_backward_steps<F::kDType>(ops, s, d_out, d_qkv, saved, scratch);
 }
 
 template <class F>
