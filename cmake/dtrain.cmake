@@ -15,10 +15,22 @@ function(dtrain_target_defaults target)
   endif()
 endfunction()
 
-# dtrain_add_library(name SOURCES... DEPS...): one library per folder, named dtrain_<folder>.
+# dtrain_add_library(name [PLUGIN] SOURCES... DEPS...): one library per folder,
+# named dtrain_<folder>. PLUGIN: a folder's part of the CUDA plugin (core/cuda,
+# nn/cuda, comm/nccl) instead: object files, so the plugin holds them itself
+# and exports their DTRAIN_PLUGIN_EXPORT entry points (static archives go in
+# with --exclude-libs and export nothing; the CUDA kernel test links the
+# objects too), compiled with hidden visibility and CUDA warnings as errors.
 function(dtrain_add_library name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
-  add_library(${name} STATIC ${ARG_SOURCES})
+  cmake_parse_arguments(ARG "PLUGIN" "" "SOURCES;DEPS" ${ARGN})
+  if(ARG_PLUGIN)
+    add_library(${name} OBJECT ${ARG_SOURCES})
+    target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra>)
+    set_target_properties(${name} PROPERTIES CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
+                                             VISIBILITY_INLINES_HIDDEN ON)
+  else()
+    add_library(${name} STATIC ${ARG_SOURCES})
+  endif()
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR}/generated)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
   dtrain_target_defaults(${name})
@@ -52,29 +64,43 @@ function(dtrain_add_test file)
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
-# DTRAIN_WITH_CUDA: AUTO enables CUDA when the toolkit's nvcc exists.
+# DTRAIN_WITH_CUDA: AUTO enables CUDA when nvcc is found (CMAKE_CUDA_COMPILER,
+# then PATH, then the toolkit's usual /usr/local/cuda/bin). Defines
+# DTRAIN_HAVE_CUDA and, when it is 1, the imported target dtrain_nccl.
 macro(dtrain_configure_cuda)
   set(DTRAIN_HAVE_CUDA 0)
-  set(_nvcc /usr/local/cuda/bin/nvcc)
-  if(DTRAIN_WITH_CUDA STREQUAL "ON" OR (DTRAIN_WITH_CUDA STREQUAL "AUTO" AND EXISTS ${_nvcc}))
-    if(NOT CMAKE_CUDA_COMPILER AND EXISTS ${_nvcc})
-      set(CMAKE_CUDA_COMPILER ${_nvcc})
+  set(_nvcc "${CMAKE_CUDA_COMPILER}")
+  if(NOT _nvcc)
+    find_program(DTRAIN_NVCC nvcc PATHS /usr/local/cuda/bin)
+    set(_nvcc "${DTRAIN_NVCC}")
+  endif()
+  if(DTRAIN_WITH_CUDA STREQUAL "ON" OR (DTRAIN_WITH_CUDA STREQUAL "AUTO" AND _nvcc))
+    if(NOT _nvcc)
+      message(FATAL_ERROR "DTRAIN_WITH_CUDA=ON but nvcc was found neither on PATH nor in /usr/local/cuda/bin; "
+                          "set CMAKE_CUDA_COMPILER")
     endif()
+    set(CMAKE_CUDA_COMPILER "${_nvcc}")
     if(NOT CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES "90;100")
     endif()
     set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
-    # CMake 3.25 predates nvcc's C++20 flag; CUDA targets inherit CXX_STANDARD 20.
+    # CMake 3.25 predates nvcc's C++20 flag.
     if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
       set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    # NCCL has no CMake config: found beside the toolkit, or where the system keeps it.
+    find_path(DTRAIN_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} REQUIRED)
+    find_library(DTRAIN_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
+    add_library(dtrain_nccl UNKNOWN IMPORTED)
+    set_target_properties(dtrain_nccl PROPERTIES IMPORTED_LOCATION ${DTRAIN_NCCL_LIBRARY}
+                                                 INTERFACE_INCLUDE_DIRECTORIES ${DTRAIN_NCCL_INCLUDE_DIR})
     set(DTRAIN_HAVE_CUDA 1)
     message(STATUS "dtrain: CUDA enabled (${CMAKE_CUDA_COMPILER}, sm ${CMAKE_CUDA_ARCHITECTURES})")
-  elseif(DTRAIN_WITH_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "DTRAIN_WITH_CUDA=ON but nvcc was not found at ${_nvcc}")
   else()
     message(STATUS "dtrain: CUDA disabled")
   endif()

@@ -15,6 +15,10 @@
 
 namespace dtrain {
 
+// What a plugin exports: its extern "C" entry points carry this mark; the
+// rest of the plugin is hidden (built with -fvisibility=hidden).
+#define DTRAIN_PLUGIN_EXPORT __attribute__((visibility("default")))
+
 // The CUDA plugin's file name.
 inline constexpr const char* kCudaPlugin = "libdtrain_cuda.so";
 

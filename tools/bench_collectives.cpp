@@ -13,6 +13,7 @@
 #include "comm/connect.h"
 #include "core/error.h"
 #include "core/process.h"
+#include "nn/cuda_device.h"
 #include "tools/bench_collectives_common.h"
 #include "tools/bench_collectives_data.h"
 
@@ -80,14 +81,14 @@ std::vector<Layout> sweep_layouts(const CollectiveBenchOptions& o, OpKind kind, 
 class CollectiveBench {
  public:
   CollectiveBench(comm::Communicator& comm, const CollectiveBenchOptions& options,
-                  const Layout& largest, bool on_device)
+                  const Layout& largest, nn::Device* device)
       : comm_(comm),
         options_(options),
         pattern_{parse_collective(options.collective), parse_dtype(options.dtype),
                  parse_op(options.op), options.root, comm.rank(), comm.world_size()},
-        input_(largest.in_elems * dtype_size(pattern_.dtype), on_device),
-        output_(largest.out_elems * dtype_size(pattern_.dtype), on_device),
-        scalar_(sizeof(float), on_device) {}
+        input_(largest.in_elems * dtype_size(pattern_.dtype), device),
+        output_(largest.out_elems * dtype_size(pattern_.dtype), device),
+        scalar_(sizeof(float), device) {}
 
   // The most page faults per timed operation at any size so far, over ranks.
   double max_faults_per_op() {
@@ -240,7 +241,9 @@ int run_collective_bench(const CollectiveBenchOptions& options) {
   const bool on_device = options.backend == "nccl";
   const std::string backend = comm::resolve_backend(options.backend,
                                                     on_device ? "cuda" : "cpu", env);
-  if (on_device) select_device(env.local_rank);
+  // nccl moves GPU memory: the buffers live on this rank's GPU (the CUDA plugin's device).
+  const std::unique_ptr<nn::Device> device =
+      on_device ? nn::make_cuda_device(comm::cuda_device_for(env), std::chrono::milliseconds(timeout)) : nullptr;
   // gloo and nccl rendezvous through the run's store (hosted by rank 0 when
   // no launcher hosts it); mpi runs without one when DTRAIN_STORE is unset.
   const comm::OpenedStore opened = comm::open_store(env, timeout);
@@ -255,7 +258,7 @@ int run_collective_bench(const CollectiveBenchOptions& options) {
   const Layout& largest = *std::max_element(
       layouts.begin(), layouts.end(),
       [](const Layout& a, const Layout& b) { return a.bytes < b.bytes; });
-  CollectiveBench bench(*comm, options, largest, on_device);
+  CollectiveBench bench(*comm, options, largest, device.get());
   const bool prints = comm->rank() == 0;
   if (prints) print_header(options, env, *comm);
   BenchSummary summary;

@@ -7,22 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "dtrain/config.h"
 #include "tools/bench_collectives_common.h"
-
-#if DTRAIN_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-// Keeps CUDA's own error text and the call site (STYLE.md, point 4).
-#define BENCH_CUDA_CHECK(call)                                                             \
-  do {                                                                                     \
-    const cudaError_t bench_cuda_status_ = (call);                                         \
-    if (bench_cuda_status_ != cudaSuccess) {                                               \
-      throw ::dtrain::CommError(fmt::format("{} failed at {}:{}: {}", #call, __FILE__,     \
-                                            __LINE__, cudaGetErrorString(bench_cuda_status_))); \
-    }                                                                                      \
-  } while (0)
-#endif
 
 namespace dtrain::tools {
 namespace {
@@ -149,45 +134,22 @@ std::int64_t count_wrong(const Pattern& p, const Layout& l, const std::byte* res
   return wrong;
 }
 
-#if DTRAIN_HAVE_CUDA
-
-BenchBuffer::BenchBuffer(std::size_t bytes, bool on_device) : host_(bytes) {
-  if (!on_device || bytes == 0) return;
-  BENCH_CUDA_CHECK(cudaMalloc(&device_, bytes));
-  BENCH_CUDA_CHECK(cudaMemset(device_, 0, bytes));
-  BENCH_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-BenchBuffer::~BenchBuffer() {
-  if (device_ != nullptr) cudaFree(device_);
+BenchBuffer::BenchBuffer(std::size_t bytes, nn::Device* device)
+    : host_(bytes), device_(device), on_device_(device != nullptr ? nn::DeviceArray<std::byte>(*device, bytes)
+                                                                  : nn::DeviceArray<std::byte>()) {
+  if (device_ != nullptr) device_->synchronize();  // zero-filled before the first timed operation
 }
 
 void BenchBuffer::to_device(std::size_t bytes) {
   if (device_ == nullptr) return;
-  BENCH_CUDA_CHECK(cudaMemcpy(device_, host_.data(), bytes, cudaMemcpyHostToDevice));
+  device_->copy(on_device_.data(), host_.data(), bytes);
+  device_->synchronize();
 }
 
 void BenchBuffer::to_host(std::size_t bytes) {
   if (device_ == nullptr) return;
-  BENCH_CUDA_CHECK(cudaMemcpy(host_.data(), device_, bytes, cudaMemcpyDeviceToHost));
+  device_->copy(host_.data(), on_device_.data(), bytes);
+  device_->synchronize();
 }
-
-void select_device(int local_rank) { BENCH_CUDA_CHECK(cudaSetDevice(local_rank)); }
-
-#else
-
-BenchBuffer::BenchBuffer(std::size_t bytes, bool on_device) : host_(bytes) {
-  if (on_device) throw ConfigError("--backend", "nccl needs a build with CUDA (DTRAIN_WITH_CUDA)");
-}
-
-BenchBuffer::~BenchBuffer() = default;
-void BenchBuffer::to_device(std::size_t) {}
-void BenchBuffer::to_host(std::size_t) {}
-
-void select_device(int) {
-  throw ConfigError("--backend", "nccl needs a build with CUDA (DTRAIN_WITH_CUDA)");
-}
-
-#endif
 
 }  // namespace dtrain::tools

@@ -9,6 +9,7 @@
 #include "comm/backend.h"
 #include "core/aligned_buffer.h"
 #include "core/dtype.h"
+#include "nn/device.h"
 
 namespace dtrain::tools {
 
@@ -45,28 +46,25 @@ void fill_value(DType dtype, std::byte* data, std::size_t count, float value);
 std::int64_t count_wrong(const Pattern& p, const Layout& l, const std::byte* result);
 
 // A buffer a collective runs on, with a host copy to fill and check. On a
-// CPU backend the host copy is the buffer; for nccl the buffer is device
-// memory of the current CUDA device. Allocated and touched once, at the
-// largest size, so timed operations never fault in fresh pages.
+// CPU backend (device null) the host copy is the buffer; for nccl the buffer
+// is memory of `device` (a GPU, nn/cuda_device.h), which must outlive it.
+// Allocated and touched once, at the largest size, so timed operations never
+// fault in fresh pages.
 class BenchBuffer {
  public:
-  BenchBuffer(std::size_t bytes, bool on_device);
-  ~BenchBuffer();
-  BenchBuffer(const BenchBuffer&) = delete;
-  BenchBuffer& operator=(const BenchBuffer&) = delete;
+  BenchBuffer(std::size_t bytes, nn::Device* device);
 
-  void* data() { return device_ != nullptr ? device_ : static_cast<void*>(host_.data()); }
+  void* data() { return device_ != nullptr ? static_cast<void*>(on_device_.data()) : host_.data(); }
   std::byte* host() { return host_.data(); }
-  // Copy the first `bytes` between the host copy and the device (no-ops on CPU).
+  // Copy the first `bytes` between the host copy and the device, waiting for
+  // the copy (no-ops on CPU).
   void to_device(std::size_t bytes);
   void to_host(std::size_t bytes);
 
  private:
   AlignedBuffer<std::byte> host_;
-  void* device_ = nullptr;
+  nn::Device* device_;
+  nn::DeviceArray<std::byte> on_device_;
 };
-
-// Makes CUDA device `local_rank` current (throws ConfigError without CUDA).
-void select_device(int local_rank);
 
 }  // namespace dtrain::tools

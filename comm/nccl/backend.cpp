@@ -1,31 +1,18 @@
 #include "comm/nccl/backend.h"
 
 #include <cstring>
+#include <string>
 #include <thread>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include "core/cuda/check.h"
+#include "core/cuda/event_fence.h"
 #include "core/error.h"
-
-// Wrap CUDA and NCCL calls: failures throw CommError with the call, file:line
-// and the library's own error string.
-#define DTRAIN_CUDA_CHECK(call)                                                              \
-  do {                                                                                       \
-    const cudaError_t _e = (call);                                                           \
-    if (_e != cudaSuccess)                                                                   \
-      throw ::dtrain::CommError(fmt::format("cuda: {} failed at {}:{}: {}", #call, __FILE__, \
-                                            __LINE__, cudaGetErrorString(_e)));              \
-  } while (0)
-
-#define DTRAIN_NCCL_CHECK(call)                                                               \
-  do {                                                                                        \
-    const ncclResult_t _r = (call);                                                           \
-    if (_r != ncclSuccess && _r != ncclInProgress)                                            \
-      throw ::dtrain::CommError(fmt::format("nccl: {} failed at {}:{}: {}", #call, __FILE__,  \
-                                            __LINE__, ncclGetErrorString(_r)));               \
-  } while (0)
+#include "core/plugin.h"
 
 namespace dtrain::comm::nccl_backend {
 namespace {
@@ -54,18 +41,18 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 class NcclBackend : public Backend {
  public:
   NcclBackend(int rank, int world_size, const ShareUniqueId& share, int device, Duration timeout)
-      : rank_(rank), world_size_(world_size), device_(device) {
+      : rank_(rank), world_size_(world_size), device_(device), events_(device) {
     DTRAIN_CUDA_CHECK(cudaSetDevice(device));
     DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DTRAIN_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);
-    if (rank == 0) DTRAIN_NCCL_CHECK(ncclGetUniqueId(&id));
+    if (rank == 0) DTRAIN_CUDA_CHECK(ncclGetUniqueId(&id));
     share(&id, sizeof id);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    DTRAIN_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world_size, id, rank, &config));
-    await(Clock::now() + timeout, "ncclCommInitRankConfig");
+    DTRAIN_CUDA_CHECK(ncclCommInitRankConfig(&comm_, world_size, id, rank, &config));
+    await(Clock::now() + timeout, "ncclCommInitRankConfig", Until::done);
   }
 
   ~NcclBackend() override {
@@ -88,43 +75,55 @@ class NcclBackend : public Backend {
     const ncclDataType_t type = nccl_type(op.dtype);
     switch (op.kind) {
       case OpKind::allreduce:
-        DTRAIN_NCCL_CHECK(ncclAllReduce(op.input, op.output, op.count, type, nccl_op(op.reduce), comm_, stream_));
+        DTRAIN_CUDA_CHECK(ncclAllReduce(op.input, op.output, op.count, type, nccl_op(op.reduce), comm_, stream_));
         break;
       case OpKind::reduce_scatter:
-        DTRAIN_NCCL_CHECK(ncclReduceScatter(op.input, op.output, op.count, type, nccl_op(op.reduce), comm_, stream_));
+        DTRAIN_CUDA_CHECK(ncclReduceScatter(op.input, op.output, op.count, type, nccl_op(op.reduce), comm_, stream_));
         break;
       case OpKind::allgather:
-        DTRAIN_NCCL_CHECK(ncclAllGather(op.input, op.output, op.count, type, comm_, stream_));
+        DTRAIN_CUDA_CHECK(ncclAllGather(op.input, op.output, op.count, type, comm_, stream_));
         break;
       case OpKind::broadcast:
-        DTRAIN_NCCL_CHECK(ncclBroadcast(op.input, op.output, op.count, type, op.root, comm_, stream_));
+        DTRAIN_CUDA_CHECK(ncclBroadcast(op.input, op.output, op.count, type, op.root, comm_, stream_));
         break;
       case OpKind::barrier:  // NCCL has none: a one-element allreduce orders the ranks
-        DTRAIN_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
+        DTRAIN_CUDA_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
         break;
     }
-    await(op.deadline, op.describe().c_str());
+    const std::string what = op.describe();
+    // Once NCCL has queued it (a non-blocking communicator may still be doing
+    // so after the call returns), later work on the device can wait for it on
+    // the GPU: the done fence completes with it.
+    await(op.deadline, what.c_str(), Until::queued);
+    if (op.launched) op.launched(events_.record(stream_));
+    await(op.deadline, what.c_str(), Until::done);
   }
 
  private:
-  // Polls the communicator and the stream until the work is done; aborts the
-  // communicator past the deadline (no host sync inside NCCL can hang us).
-  void await(Clock::time_point deadline, const char* what) {
+  enum class Until { queued, done };
+
+  // Polls the communicator until its operation is queued (no longer
+  // ncclInProgress) and, for Until::done, NCCL's stream until it ran; aborts
+  // the communicator past the deadline (no host wait inside NCCL can hang us).
+  void await(Clock::time_point deadline, const char* what, Until until) {
     for (;;) {
       ncclResult_t async = ncclSuccess;
-      DTRAIN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      DTRAIN_CUDA_CHECK(ncclCommGetAsyncError(comm_, &async));
       if (async != ncclSuccess && async != ncclInProgress) {
         aborted_ = true;
-        throw CommError(fmt::format("nccl: {} failed: {}", what, ncclGetErrorString(async)));
+        throw CommError(fmt::format("nccl on {}: {} failed: {}", dtrain::cuda::device_name(device_), what,
+                                    ncclGetErrorString(async)));
       }
       if (async == ncclSuccess) {
+        if (until == Until::queued) return;
         const cudaError_t e = cudaStreamQuery(stream_);
         if (e == cudaSuccess) return;
-        if (e != cudaErrorNotReady) DTRAIN_CUDA_CHECK(e);
+        if (e != cudaErrorNotReady) dtrain::cuda::throw_failure(e, "cudaStreamQuery(nccl stream)", __FILE__, __LINE__);
       }
       if (Clock::now() > deadline) {
         aborted_ = true;
-        throw TimeoutError(fmt::format("nccl: {} did not complete; communicator aborted", what));
+        throw TimeoutError(fmt::format("nccl on {}: {} did not complete; communicator aborted",
+                                       dtrain::cuda::device_name(device_), what));
       }
       std::this_thread::yield();
     }
@@ -137,26 +136,15 @@ class NcclBackend : public Backend {
   ncclComm_t comm_ = nullptr;
   float* scratch_ = nullptr;
   bool aborted_ = false;
+  dtrain::cuda::EventPool events_;  // done fences
 };
 
 }  // namespace
 
-int cuda_device_count(std::string* why) {
-  int count = 0;  // left unwritten when there is no driver
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky error
-    if (why != nullptr) *why = fmt::format("no usable CUDA device: {}", cudaGetErrorString(e));
-    return 0;
-  }
-  if (count == 0 && why != nullptr) *why = "no CUDA device found";
-  return count;
-}
-
 std::unique_ptr<Backend> make_backend(int rank, int world_size, ShareUniqueId share, int device,
                                       Duration timeout) {
   std::string why;
-  const int count = cuda_device_count(&why);
+  const int count = dtrain::cuda::device_count(&why);
   if (count == 0) {
     throw CommError(fmt::format("backend nccl needs a CUDA device: {}", why));
   }
@@ -169,3 +157,13 @@ std::unique_ptr<Backend> make_backend(int rank, int world_size, ShareUniqueId sh
 }
 
 }  // namespace dtrain::comm::nccl_backend
+
+// The CUDA plugin's entry point for nccl_backend::load_backend (comm/nccl/backend.h).
+extern "C" DTRAIN_PLUGIN_EXPORT dtrain::comm::Backend* dtrain_make_nccl_backend(
+    int rank, int world_size, const dtrain::comm::nccl_backend::ShareUniqueId* share, int device,
+    long long timeout_ms) {
+  return dtrain::comm::nccl_backend::make_backend(rank, world_size, *share, device,
+                                                  std::chrono::milliseconds(timeout_ms))
+      .release();
+}
+static_assert(std::is_same_v<decltype(dtrain_make_nccl_backend), dtrain::comm::nccl_backend::MakeBackendFn>);

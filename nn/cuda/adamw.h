@@ -1,6 +1,7 @@
-// GPU AdamW, fp32 parameters and state (nn/adamw.h gives the math): the same
-// update order, bias correction and decoupled weight decay as the CPU, over any
-// contiguous range, so a ZeRO shard updates only what it owns. Device pointers;
+// The device's AdamW and gradient norm on the GPU (nn/adamw.h gives the
+// math): fp32 parameters and state, the CPU's update order over any
+// contiguous range (a ZeRO shard updates only what it owns), with the
+// constants nn::adamw_constants computes on the host. Device pointers;
 // asynchronous on `stream`.
 #pragma once
 
@@ -12,19 +13,14 @@
 
 namespace dtrain::nn::cuda {
 
-// One update of n elements at optimizer step `step` (1-based, known on the
-// host, which computes the bias corrections as the CPU does). The gradient
-// used is grad * grad_scale * (*device_scale when not null): device_scale is a
-// factor computed on the device (clip_factor below) that the host never reads.
-void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                  std::int64_t n, const AdamWHyper& hyper, float weight_decay, std::int64_t step,
-                  float grad_scale, const float* device_scale, cudaStream_t stream);
+// One update of n elements (nn::adamw_update): g = grad * k.grad_scale, then
+// the moments and the parameter, float operations in the CPU's order.
+void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
+                  const AdamWConstants& k, cudaStream_t stream);
 
-// adamw_update over every parameter of the layout, weight decay only where
-// ParamSpec::decay is set; buffers hold all blocks back to back (one launch
-// per parameter).
-void adamw_step(const ParameterLayout& layout, float* params, const float* grads, float* exp_avg,
-                float* exp_avg_sq, const AdamWHyper& hyper, std::int64_t step,
-                const float* device_scale, cudaStream_t stream);
+// *total += sum of x[i]^2 over n (nn::sum_of_squares): float partial sums over
+// chunks of 1024, as the CPU, added in double; total is device memory and the
+// chunks reach it in no fixed order (atomics).
+void sum_of_squares(const float* x, std::int64_t n, double* total, cudaStream_t stream);
 
 }  // namespace dtrain::nn::cuda

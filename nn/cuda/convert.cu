@@ -1,50 +1,40 @@
-#include "nn/cuda/check.h"
 #include "nn/cuda/convert.h"
+
+#include "core/cuda/check.h"
 #include "nn/cuda/device_math.cuh"
 
 namespace dtrain::nn::cuda {
 namespace {
 
-template <class F>
-__global__ void to_half_kernel(const float* src, std::uint16_t* dst, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    dst[i] = F::store(src[i]);
-  }
+template <DType D>
+__global__ void to_format_kernel(const float* src, Storage<D>* dst, std::int64_t n) {
+  detail::for_each_index(n, [=](std::int64_t i) { dst[i] = detail::Format<D>::store(src[i]); });
 }
 
-template <class F>
-__global__ void to_f32_kernel(const std::uint16_t* src, float* dst, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    dst[i] = F::load(src[i]);
-  }
+template <DType D>
+__global__ void widen_kernel(const Storage<D>* src, float* dst, std::int64_t n, bool accumulate) {
+  detail::for_each_index(n, [=](std::int64_t i) {
+    const float v = detail::Format<D>::load(src[i]);
+    dst[i] = accumulate ? dst[i] + v : v;
+  });
 }
 
 }  // namespace
 
-void f32_to_half(const float* src, DType dtype, std::uint16_t* dst, std::int64_t n,
-                 cudaStream_t stream) {
-  DTRAIN_CUDA_REQUIRE(dtype == DType::bf16 || dtype == DType::f16, "dtype must be bf16 or f16");
-  if (n == 0) return;
-  if (dtype == DType::bf16) {
-    to_half_kernel<detail::Bf16><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(src, dst, n);
-  } else {
-    to_half_kernel<detail::F16><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(src, dst, n);
-  }
-  DTRAIN_CUDA_LAUNCH_CHECK();
+template <DType D>
+void to_format(const float* src, Storage<D>* dst, std::int64_t n, cudaStream_t stream) {
+  detail::launch(to_format_kernel<D>, n, stream, src, dst, n);
 }
 
-void half_to_f32(const std::uint16_t* src, DType dtype, float* dst, std::int64_t n,
-                 cudaStream_t stream) {
-  DTRAIN_CUDA_REQUIRE(dtype == DType::bf16 || dtype == DType::f16, "dtype must be bf16 or f16");
-  if (n == 0) return;
-  if (dtype == DType::bf16) {
-    to_f32_kernel<detail::Bf16><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(src, dst, n);
-  } else {
-    to_f32_kernel<detail::F16><<<detail::grid_for(n), detail::kBlock, 0, stream>>>(src, dst, n);
-  }
-  DTRAIN_CUDA_LAUNCH_CHECK();
+template <DType D>
+void widen(const Storage<D>* src, float* dst, std::int64_t n, bool accumulate, cudaStream_t stream) {
+  detail::launch(widen_kernel<D>, n, stream, src, dst, n, accumulate);
 }
+
+#define DTRAIN_INSTANTIATE(D)                                                               \
+  template void to_format<D>(const float*, Storage<D>*, std::int64_t, cudaStream_t);      \
+  template void widen<D>(const Storage<D>*, float*, std::int64_t, bool, cudaStream_t);
+DTRAIN_CUDA_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
+#undef DTRAIN_INSTANTIATE
 
 }  // namespace dtrain::nn::cuda

@@ -1,12 +1,12 @@
-#include "nn/cuda/check.h"
 #include "nn/cuda/cross_entropy.h"
+
+#include "core/cuda/check.h"
 #include "nn/cuda/device_math.cuh"
 
 namespace dtrain::nn::cuda {
 namespace {
 
 using detail::block_sum;
-using detail::grid_for;
 using detail::kBlock;
 
 struct MaxAt {
@@ -40,18 +40,18 @@ __device__ MaxAt block_argmax(MaxAt m) {
   return r;
 }
 
+static_assert(sizeof(CrossEntropyTotals::correct) == sizeof(unsigned long long));
+
 // One block per row.
-__global__ void cross_entropy_forward_kernel(const float* logits, const std::int32_t* targets,
-                                             float* probs, std::int64_t v,
-                                             CrossEntropyDeviceResult* result) {
+__global__ void cross_entropy_forward_kernel(const float* logits, const std::int32_t* targets, float* probs,
+                                             std::int64_t v, CrossEntropyTotals* totals) {
   const std::int64_t row = blockIdx.x;
   const float* x = logits + row * v;
   float* p = probs + row * v;
   const std::int32_t target = targets[row];
-  const bool ok = target >= 0 && target < v;
   // Read before any thread writes p (probs may alias logits): the first
   // writes follow block_argmax's barriers.
-  const float target_logit = threadIdx.x == 0 && ok ? x[target] : 0.0f;
+  const float target_logit = threadIdx.x == 0 ? x[target] : 0.0f;
   MaxAt m{-INFINITY, v};
   for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) m = better(m, MaxAt{x[j], j});
   const MaxAt top = block_argmax(m);
@@ -65,51 +65,31 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const std::int
   const float inv = 1.0f / sum;
   for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) p[j] *= inv;
   if (threadIdx.x != 0) return;
-  if (!ok) {
-    atomicCAS(&result->bad_row, -1, static_cast<std::int32_t>(row));
-    return;
-  }
   // -log softmax[target] = logsumexp - x[target], without forming log(p).
-  atomicAdd(&result->loss_sum, static_cast<double>(logf(sum) + top.value - target_logit));
-  if (top.index == target) atomicAdd(&result->correct, 1ull);
+  atomicAdd(&totals->loss_sum, static_cast<double>(logf(sum) + top.value - target_logit));
+  if (top.index == target) atomicAdd(reinterpret_cast<unsigned long long*>(&totals->correct), 1ull);
 }
 
-__global__ void cross_entropy_backward_kernel(float* g, const std::int32_t* targets, std::int64_t n,
-                                              std::int64_t v, float scale) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n * v;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+__global__ void cross_entropy_backward_kernel(float* g, const std::int32_t* targets, std::int64_t n, std::int64_t v,
+                                              float scale) {
+  detail::for_each_index(n * v, [=](std::int64_t i) {
     const float scaled = g[i] * scale;
     g[i] = (i % v) == targets[i / v] ? scaled - scale : scaled;
-  }
-}
-
-__global__ void reset_kernel(CrossEntropyDeviceResult* result) {
-  *result = CrossEntropyDeviceResult{0.0, 0ull, -1, 0};
+  });
 }
 
 }  // namespace
 
-void cross_entropy_reset(CrossEntropyDeviceResult* result, cudaStream_t stream) {
-  reset_kernel<<<1, 1, 0, stream>>>(result);
-  DTRAIN_CUDA_LAUNCH_CHECK();
-}
-
-void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* probs,
-                           std::int64_t n, std::int64_t v, CrossEntropyDeviceResult* result,
-                           cudaStream_t stream) {
-  DTRAIN_CUDA_REQUIRE(n < (std::int64_t{1} << 31), "cross_entropy: more rows than a grid holds");
+void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* probs, std::int64_t n,
+                           std::int64_t v, CrossEntropyTotals* totals, cudaStream_t stream) {
   if (n == 0 || v == 0) return;
-  cross_entropy_forward_kernel<<<static_cast<unsigned>(n), kBlock, 0, stream>>>(logits, targets,
-                                                                                probs, v, result);
-  DTRAIN_CUDA_LAUNCH_CHECK();
+  cross_entropy_forward_kernel<<<static_cast<unsigned>(n), kBlock, 0, stream>>>(logits, targets, probs, v, totals);
+  DTRAIN_CUDA_LAUNCHED();
 }
 
-void cross_entropy_backward(float* probs_to_grad, const std::int32_t* targets, std::int64_t n,
-                            std::int64_t v, float scale, cudaStream_t stream) {
-  if (n * v == 0) return;
-  cross_entropy_backward_kernel<<<grid_for(n * v), kBlock, 0, stream>>>(probs_to_grad, targets, n,
-                                                                        v, scale);
-  DTRAIN_CUDA_LAUNCH_CHECK();
+void cross_entropy_backward(float* probs_to_grad, const std::int32_t* targets, std::int64_t n, std::int64_t v,
+                            float scale, cudaStream_t stream) {
+  detail::launch(cross_entropy_backward_kernel, n * v, stream, probs_to_grad, targets, n, v, scale);
 }
 
 }  // namespace dtrain::nn::cuda

@@ -1,12 +1,15 @@
 // Device-side helpers shared by the kernels of nn/cuda/ (include from .cu only):
-// the CPU's exp/erf approximations, 16-bit loads and stores, block reductions
-// and grid sizing.
+// the CPU's exp/erf approximations, loads and stores per storage format, the
+// grid-stride loop, block reductions and grid sizing.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "core/cuda/check.h"
+#include "nn/cuda/format.h"
 
 namespace dtrain::nn::cuda::detail {
 
@@ -16,6 +19,15 @@ inline unsigned grid_for(std::int64_t n, int block = kBlock) {
   std::int64_t blocks = (n + block - 1) / block;
   if (blocks > 65535 * 32) blocks = 65535 * 32;  // grid-stride loops cover the rest
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+// Launches kernel(args...) with a thread per element of `threads` (none when
+// it is 0) on `stream`, then checks the launch. For the grid-stride kernels.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), std::int64_t threads, cudaStream_t stream, Args... args) {
+  if (threads == 0) return;
+  kernel<<<grid_for(threads), kBlock, 0, stream>>>(args...);
+  DTRAIN_CUDA_LAUNCHED();
 }
 
 // The same operations as nn/cpu/vec_math.h's fast_exp, so GPU and CPU results
@@ -52,23 +64,34 @@ __device__ __forceinline__ float fast_erf(float x) {
   return x < 0.0f ? -y : y;
 }
 
-// 16-bit storage: bf16 or f16 as raw uint16_t, as on the CPU.
-struct Bf16 {
-  __device__ static float load(std::uint16_t h) {
-    return __bfloat162float(__ushort_as_bfloat16(h));
-  }
-  __device__ static std::uint16_t store(float f) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-  }
-};
-struct F16 {
-  __device__ static float load(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
-  __device__ static std::uint16_t store(float f) { return __half_as_ushort(__float2half_rn(f)); }
-};
-struct F32 {
+// Format<D>: loads and stores of storage format D (format.h) in f32; 16-bit
+// formats round to nearest even, as on the CPU.
+template <DType D>
+struct Format;
+template <>
+struct Format<DType::f32> {
   __device__ static float load(float f) { return f; }
   __device__ static float store(float f) { return f; }
 };
+template <>
+struct Format<DType::bf16> {
+  __device__ static float load(std::uint16_t h) { return __bfloat162float(__ushort_as_bfloat16(h)); }
+  __device__ static std::uint16_t store(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+template <>
+struct Format<DType::f16> {
+  __device__ static float load(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
+  __device__ static std::uint16_t store(float f) { return __half_as_ushort(__float2half_rn(f)); }
+};
+
+// for (i : grid-stride indices of [0, n)) body(i): the loop of the elementwise kernels.
+template <class Body>
+__device__ __forceinline__ void for_each_index(std::int64_t n, Body body) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    body(i);
+  }
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -99,5 +122,38 @@ __device__ float block_reduce(float v) {
 
 __device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
 __device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
+
+// Column sums without atomics, in a fixed order: a block of kSumCols x
+// kSumLanes threads owns kSumCols columns; thread row y sums rows i = y mod
+// kSumLanes in order, and the kSumLanes partial sums are added in order.
+// out[k][j] += sum over rows i of value(i, j)[k] for k < K, where value
+// returns a float[K]-like array (Sums<K>). Launch on
+// ceil(cols / kSumCols) blocks of dim3(kSumCols, kSumLanes).
+constexpr int kSumCols = 32, kSumLanes = 8;
+template <int K>
+struct Sums {
+  float v[K];
+};
+template <int K, class Value>
+__device__ void add_column_sums(Value value, std::int64_t rows, std::int64_t cols, float* const* out) {
+  __shared__ float part[K][kSumLanes][kSumCols];
+  const std::int64_t j = blockIdx.x * std::int64_t{kSumCols} + threadIdx.x;
+  Sums<K> s{};
+  if (j < cols) {
+    for (std::int64_t i = threadIdx.y; i < rows; i += kSumLanes) {
+      const Sums<K> x = value(i, j);
+      for (int k = 0; k < K; ++k) s.v[k] += x.v[k];
+    }
+  }
+  for (int k = 0; k < K; ++k) part[k][threadIdx.y][threadIdx.x] = s.v[k];
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= cols) return;
+  for (int k = 0; k < K; ++k) {
+    for (int r = 1; r < kSumLanes; ++r) s.v[k] += part[k][r][threadIdx.x];
+    out[k][j] += s.v[k];
+  }
+}
+
+inline unsigned column_sum_grid(std::int64_t cols) { return static_cast<unsigned>((cols + kSumCols - 1) / kSumCols); }
 
 }  // namespace dtrain::nn::cuda::detail

@@ -1,6 +1,7 @@
-#include "nn/cuda/check.h"
-#include "nn/cuda/device_math.cuh"
 #include "nn/cuda/dropout.h"
+
+#include "core/cuda/check.h"
+#include "nn/cuda/device_math.cuh"
 
 namespace dtrain::nn::cuda {
 namespace {
@@ -15,12 +16,10 @@ __device__ __forceinline__ std::uint64_t splitmix64(std::uint64_t x) {
 
 __global__ void dropout_kernel(float* x, std::int64_t n, std::uint32_t threshold, float scale,
                                std::uint64_t key) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const auto r =
-        static_cast<std::uint32_t>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 32);
+  detail::for_each_index(n, [=](std::int64_t i) {
+    const auto r = static_cast<std::uint32_t>(splitmix64(key + static_cast<std::uint64_t>(i)) >> 32);
     x[i] = r >= threshold ? x[i] * scale : 0.0f;
-  }
+  });
 }
 
 }  // namespace
@@ -30,8 +29,7 @@ void dropout_apply(float* x, std::int64_t n, float p, std::uint64_t key, cudaStr
   // The CPU's threshold and scale, computed the same way on the host.
   const auto threshold = static_cast<std::uint32_t>(static_cast<double>(p) * 4294967296.0);
   const float scale = 1.0f / (1.0f - p);
-  dropout_kernel<<<detail::grid_for(n), detail::kBlock, 0, stream>>>(x, n, threshold, scale, key);
-  DTRAIN_CUDA_LAUNCH_CHECK();
+  detail::launch(dropout_kernel, n, stream, x, n, threshold, scale, key);
 }
 
 }  // namespace dtrain::nn::cuda

@@ -5,8 +5,8 @@
 #include <climits>
 
 #include "core/error.h"
+#include "core/cuda/check.h"
 #include "nn/cuda/bias.h"
-#include "nn/cuda/check.h"
 
 namespace dtrain::nn::cuda {
 namespace {
@@ -39,10 +39,10 @@ void validate(const Gemm& g, bool with_bias) {
 }  // namespace
 
 Blas::Blas(bool allow_tf32) {
-  DTRAIN_CUBLAS_TRY(cublasCreate(&handle_));
+  DTRAIN_CUDA_CHECK(cublasCreate(&handle_));
   // Set explicitly so that a process-wide default cannot lower fp32 products
   // to TF32; the default mode still runs 16-bit operands on tensor cores.
-  DTRAIN_CUBLAS_TRY(
+  DTRAIN_CUDA_CHECK(
       cublasSetMathMode(handle_, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
@@ -66,8 +66,8 @@ void gemm(Blas& blas, const Gemm& g, const void* a, const void* b, void* c, cons
   }
   const float alpha = g.alpha;
   const float beta = (g.accumulate || bias != nullptr) ? 1.0f : 0.0f;
-  DTRAIN_CUBLAS_TRY(cublasSetStream(blas.handle(), stream));
-  DTRAIN_CUBLAS_TRY(cublasGemmStridedBatchedEx(
+  DTRAIN_CUDA_CHECK(cublasSetStream(blas.handle(), stream));
+  DTRAIN_CUDA_CHECK(cublasGemmStridedBatchedEx(
       blas.handle(), g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k), &alpha, b,
       cuda_type(g.b_type), static_cast<int>(ldb), stride_b, a, cuda_type(g.a_type),

@@ -1,0 +1,148 @@
+// nn::cuda::CudaKernels<F>: the kernel set nn::Graph runs on a CudaDevice
+// (nn/graph.h lists what a kernel set provides): the member functions of
+// nn/cpu/host_kernels.h, attention_cached included (so the graph decodes on
+// the GPU too), with device pointers, queued on the device's compute stream.
+// Each is its CUDA layer (nn/cuda/*.h), or, where the CPU composes a layer
+// from products (linear, attention, the patch embedding), the same
+// composition: nn/linear.h's and nn/attention_steps.h's products through
+// cuda::gemm (the device's cuBLAS handle) around the layer's kernels.
+// F is the storage format of matmul operands and saved activations
+// (nn::cpu::F32Format, Bf16Format, F16Format; only its DType is used here);
+// a call's element type E (X, Y, D) has the format kFormatOf<E, kCompute>:
+// f32 for float, F's for a 16-bit type.
+//
+// Threading: the device's submitting thread only.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/attention_steps.h"
+#include "nn/cross_entropy.h"
+#include "nn/cuda/attention.h"
+#include "nn/cuda/convert.h"
+#include "nn/cuda/cross_entropy.h"
+#include "nn/cuda/cuda_device.h"
+#include "nn/cuda/dropout.h"
+#include "nn/cuda/embedding.h"
+#include "nn/cuda/gelu.h"
+#include "nn/cuda/layernorm.h"
+#include "nn/cuda/linear.h"
+#include "nn/cuda/residual.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+
+namespace dtrain::nn::cuda {
+
+template <class F>
+class CudaKernels {
+ public:
+  static constexpr DType kCompute = F::kDType;
+  using T = Storage<kCompute>;
+
+  explicit CudaKernels(CudaDevice& device) : blas_(&device.blas()), stream_(device.stream()) {}
+
+  template <class E>
+  void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
+                         std::int64_t n, std::int64_t c) {
+    cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, kLayerNormEps, stream_);
+  }
+  void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                          float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx) {
+    cuda::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx, stream_);
+  }
+
+  // y (+)= x W^T + b: one product (the bias broadcast first when given).
+  template <class X, class Y>
+  void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,
+                      std::int64_t out, bool accumulate) {
+    gemm(*blas_, typed(linear_forward_gemm(n, in, out, accumulate), format<X>, format<Y>), x, w, y, b, stream_);
+  }
+  // dx = dy W (unless null), dW += dy^T x, db += column sums of dy_f32 (when given) or of dy.
+  template <class X, class D>
+  void linear_backward(const X* dy, const float* dy_f32, const X* x, const X* w, D* dx, float* dw, float* db,
+                       std::int64_t n, std::int64_t in, std::int64_t out) {
+    if (dx != nullptr) {
+      gemm(*blas_, typed(linear_input_grad_gemm(n, in, out, false), format<X>, format<D>), dy, w, dx, nullptr,
+           stream_);
+    }
+    gemm(*blas_, typed(linear_weight_grad_gemm(n, in, out), format<X>, DType::f32), dy, x, dw, nullptr, stream_);
+    if (db == nullptr) return;
+    if (dy_f32 != nullptr) return add_column_sums<DType::f32>(dy_f32, db, n, out, stream_);
+    add_column_sums<format<X>>(dy, db, n, out, stream_);
+  }
+
+  void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
+                         const AttentionScratch<T>& scratch) {
+    AttentionOps<kCompute> ops(*blas_, s, stream_);
+    attention_forward_steps<kCompute>(ops, s, qkv, out, saved, scratch);
+  }
+  void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
+                          const AttentionScratch<T>& scratch) {
+    AttentionOps<kCompute> ops(*blas_, s, stream_);
+    attention_backward_steps<kCompute>(ops, s, d_out, d_qkv, saved, scratch);
+  }
+  // Decoding with a key/value cache; the scores stay in shared memory, so `scores` is not used.
+  void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,
+                        T* k_cache, T* v_cache, T* out, float* /*scores*/) {
+    AttentionOps<kCompute>(*blas_, s, stream_).cached(first, capacity, qkv, k_cache, v_cache, out);
+  }
+
+  void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
+    cuda::gelu_forward<kCompute>(x, y, dydx, n, stream_);
+  }
+  void gelu_backward(const T* dy, const T* dydx, T* dx, std::int64_t n) {
+    cuda::gelu_backward<kCompute>(dy, dydx, dx, n, stream_);
+  }
+  void to_storage(const float* x, T* y, std::int64_t n) { to_format<kCompute>(x, y, n, stream_); }
+
+  void dropout(float* x, std::int64_t n, float p, std::uint64_t key) { dropout_apply(x, n, p, key, stream_); }
+  void residual(const float* x, const float* branch, float* out, std::int64_t n) {
+    cuda::residual(x, branch, out, n, stream_);
+  }
+
+  // vocab: the tokens were checked against it when the graph staged them.
+  void token_embedding_forward(const std::int32_t* tokens, const float* table, const float* pos, float* out,
+                               std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t /*vocab*/) {
+    cuda::token_embedding_forward(tokens, table, pos, out, batch, seq, d, stream_);
+  }
+  void token_embedding_backward(const std::int32_t* tokens, const float* d_out, float* d_table, float* d_pos,
+                                std::int64_t batch, std::int64_t seq, std::int64_t d) {
+    cuda::token_embedding_backward(tokens, d_out, d_table, d_pos, batch, seq, d, stream_);
+  }
+  // The patch embedding: a linear projection of every patch, then the positions.
+  void patch_embedding_forward(const float* patches, const float* w, const float* b, const float* pos, float* out,
+                               std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t patch_dim) {
+    linear_forward(patches, w, b, out, batch * seq, patch_dim, d, false);
+    add_positions_forward(pos, out, batch, seq, d, stream_);
+  }
+  void patch_embedding_backward(const float* patches, const float* d_out, float* dw, float* db, float* d_pos,
+                                std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t patch_dim) {
+    linear_backward(d_out, nullptr, patches, static_cast<const float*>(nullptr), static_cast<float*>(nullptr), dw,
+                    db, batch * seq, patch_dim, d);
+    add_positions_backward(d_out, d_pos, batch, seq, d, stream_);
+  }
+  void mean_pool_forward(const float* x, float* out, std::int64_t batch, std::int64_t seq, std::int64_t d) {
+    cuda::mean_pool_forward(x, out, batch, seq, d, stream_);
+  }
+  void mean_pool_backward(const float* d_out, float* d_x, std::int64_t batch, std::int64_t seq, std::int64_t d) {
+    cuda::mean_pool_backward(d_out, d_x, batch, seq, d, stream_);
+  }
+
+  void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* probs, std::int64_t n,
+                             std::int64_t v, CrossEntropyTotals* totals) {
+    cuda::cross_entropy_forward(logits, targets, probs, n, v, totals, stream_);
+  }
+  void cross_entropy_backward(float* probs, const std::int32_t* targets, std::int64_t n, std::int64_t v,
+                              float scale) {
+    cuda::cross_entropy_backward(probs, targets, n, v, scale, stream_);
+  }
+
+ private:
+  template <class E>
+  static constexpr DType format = kFormatOf<E, kCompute>;
+
+  Blas* blas_;
+  cudaStream_t stream_;
+};
+
+}  // namespace dtrain::nn::cuda
