@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU and the CUDA toolkit:
-#   1. configures a CUDA build in build-gpu/ (DTRAIN_WITH_CUDA=ON, sm_90 and
-#      sm_100) and builds the targets below;
+#   1. configures a CUDA build in build-gpu/ (DTRAIN_WITH_CUDA=ON, for the
+#      GPU present: CMAKE_CUDA_ARCHITECTURES=native when nvidia-smi finds one)
+#      and builds the CUDA plugin (build-gpu/lib/libdtrain_cuda.so) and the
+#      targets below;
 #   2. runs the kernel parity tests (tests/unit/test_cuda_kernels.cpp: every
-#      nn/cuda kernel against its CPU counterpart within stated tolerances),
-#      the NCCL collectives at world size 1 (test_comm_nccl) and the
-#      `device: cuda` trainer against the CPU one (tests/unit/test_cuda_training.cpp:
-#      20 steps per precision and model, an nccl world of one, checkpoints
-#      saved on cuda resumed on cpu and cuda);
+#      member of the CUDA kernel set against the CPU's, f32/bf16/f16, within
+#      stated tolerances; test_cuda_device.cpp: the device's memory, fences
+#      and engine kernels), the NCCL collectives and fences at world size 1
+#      (test_comm_nccl) and the `device: cuda` trainer against the CPU one
+#      (tests/unit/test_cuda_training.cpp: 20 steps per precision and model,
+#      ZeRO stages 0-3 with accumulation 1 and 3 at world size 1, stage 3 in
+#      bf16 and fp16, an nccl world of one with 16-bit gradients,
+#      checkpoints crossing between cuda and cpu both ways);
 #   3. runs `dtrain-bench train --set device=cuda` on lm-small and cls-seed in
 #      fp32, bf16 and fp16: tokens/s and MFU against the GPU's dense peak
 #      (dtrain-bench's default is H100/H200's: 989e12 FLOP/s bf16/fp16, 67e12
@@ -17,7 +22,9 @@
 # (BUDGET_S), each step gets what is left.
 # Environment: BUILD_DIR (default build-gpu), STEPS (timed training steps, 10),
 # JOBS (build parallelism, nproc), BUDGET_S (300), PEAK_FLOPS (the GPU's peak
-# FLOP/s for MFU; default: dtrain-bench's H100/H200 figure per precision).
+# FLOP/s for MFU; default: dtrain-bench's H100/H200 figure per precision),
+# CUDA_ARCHS (CMAKE_CUDA_ARCHITECTURES; default native with a GPU, else the
+# project's 90;100).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -26,6 +33,7 @@ steps=${STEPS:-10}
 jobs=${JOBS:-$(nproc)}
 budget=${BUDGET_S:-300}
 peak_flops=${PEAK_FLOPS:-}
+archs=${CUDA_ARCHS:-}
 start=$SECONDS
 log_dir=$build/gpu-check
 declare -a summary=()
@@ -69,16 +77,19 @@ run_step() {
 
 mkdir -p "$log_dir"
 echo "gpu-check: build $build, budget ${budget} s, logs in $log_dir/"
-if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.total,driver_version \
+  --format=csv,noheader; then
+  archs=${archs:-native}  # only the GPU present: half the nvcc time of the default pair
 else
-  echo "nvidia-smi not found: the GPU tests will skip"
+  echo "no GPU visible (nvidia-smi): the GPU tests will skip"
 fi
 
-if run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_WITH_CUDA=ON &&
-  run_step build cmake --build "$build" -j "$jobs" --target test_cuda_kernels test_comm_nccl \
-    test_cuda_training dtrain-bench; then
+if run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_WITH_CUDA=ON \
+  ${archs:+-DCMAKE_CUDA_ARCHITECTURES="$archs"} &&
+  run_step build cmake --build "$build" -j "$jobs" --target dtrain_cuda dtrain-worker dtrain-bench \
+    test_cuda_kernels test_cuda_device test_comm_nccl test_cuda_training; then
   run_step cuda-kernels "$build/tests/test_cuda_kernels"
+  run_step cuda-device "$build/tests/test_cuda_device"
   run_step nccl-world-of-one "$build/tests/test_comm_nccl"
   run_step cuda-training "$build/tests/test_cuda_training"
   for config in lm-small cls-seed; do
