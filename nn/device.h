@@ -63,7 +63,8 @@ class Device {
   virtual FencePtr fence() = 0;
   // Work submitted from now on runs once `fence` is reached (null: at once).
   // A failure behind the fence (a failed collective) is rethrown here or by
-  // the next synchronize().
+  // the next synchronize(). A wait on the host is bounded by
+  // fence_wait_limit(timeout()).
   virtual void wait(const FencePtr& fence) = 0;
   // The host waits until everything queued has run; rethrows a failure of queued work.
   virtual void synchronize() = 0;
@@ -85,6 +86,14 @@ class Device {
   virtual std::unique_ptr<Model> make_model(const ModelConfig& config, const ParameterLayout& layout,
                                             std::int64_t batch, std::int64_t seq_len) = 0;
 };
+
+// How long a device waits on the host for someone else's fence: longer than
+// its own timeout, because the fence's producer (a collective) fails by
+// itself within its timeout and diagnosis, and that error, which names the
+// ranks that did not arrive, is the one to report.
+inline std::chrono::milliseconds fence_wait_limit(std::chrono::milliseconds timeout) {
+  return 2 * timeout + std::chrono::seconds(10);
+}
 
 // n elements of T owned in a device's memory (kHost false: allocate(); true:
 // allocate_host()), zero-filled at construction, released at destruction.

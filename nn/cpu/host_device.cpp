@@ -154,7 +154,7 @@ FencePtr HostDevice::fence() {
 
 void HostDevice::wait(const FencePtr& fence) {
   if (fence == nullptr) return;
-  const auto timeout = options_.timeout;
+  const auto timeout = fence_wait_limit(options_.timeout);
   const std::string device = name();
   run([fence, timeout, device] {
     if (!fence->wait_until(Fence::Clock::now() + timeout)) {

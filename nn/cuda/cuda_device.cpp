@@ -120,9 +120,10 @@ void CudaDevice::wait(const FencePtr& fence) {
     DTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(event)), 0));
     return;
   }
-  if (!fence->wait_until(Fence::Clock::now() + timeout_)) {
+  const auto limit = fence_wait_limit(timeout_);
+  if (!fence->wait_until(Fence::Clock::now() + limit)) {
     throw TimeoutError(fmt::format("{}: a wait for other work (a collective) did not end within {} ms", name(),
-                                   timeout_.count()));
+                                   limit.count()));
   }
 }
 

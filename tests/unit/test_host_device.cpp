@@ -88,8 +88,10 @@ TEST(HostDevice, AFailedKernelSkipsTheRestAndIsRethrown) {
 
 TEST(HostDevice, AWaitThatCannotEndIsATimeoutError) {
   HostDevice dev(HostDeviceOptions{.queued = true, .timeout = 100ms});
-  dev.wait(std::make_shared<ManualFence>());  // never reached
+  auto never = std::make_shared<ManualFence>();
+  dev.wait(never);  // not reached before synchronize() gives up
   EXPECT_THROW(dev.synchronize(), TimeoutError);
+  never->reach();  // lets the queue thread end
 }
 
 TEST(DeviceFences, ACollectiveReadsItsInputOnlyOnceItsReadyFenceIsReached) {
