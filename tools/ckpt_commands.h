@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -26,7 +27,7 @@ struct CkptExportOptions {
   std::filesystem::path out;           // the file (safetensors, onnx) or the model repository (triton)
   std::string quantize;                // "" (f32) or "int8" (onnx, triton)
   std::string name;                    // triton: the model's name; "" picks dtrain_<kind>[_int8]
-  int max_batch = 32;                  // triton: max_batch_size
+  std::optional<int> max_batch;        // triton: max_batch_size (default exporter::TritonOptions's)
 };
 
 // Converts the step's fp32 master parameters (tensor "params", read block by

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <bit>
-#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -107,16 +106,16 @@ void publish_file(ck::Env& env, const fs::path& tmp, const fs::path& out) {
     env.remove_file(tmp);
     return;
   }
-  if (errno == EEXIST) refuse_existing(env, out);
-  refuse_existing(env, out);  // filesystems without hard links: the check before the write has to do
+  // EEXIST: `out` appeared meanwhile, refused here. Filesystems without hard
+  // links: this check has to do.
+  refuse_existing(env, out);
   env.rename(tmp, out);
 }
 
 // The same for a directory: renameat2's RENAME_NOREPLACE, else check and rename.
 void publish_dir(ck::Env& env, const fs::path& tmp, const fs::path& out) {
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) == 0) return;
-  if (errno == EEXIST) refuse_existing(env, out);
-  refuse_existing(env, out);
+  refuse_existing(env, out);  // EEXIST, or a filesystem without RENAME_NOREPLACE
   env.rename(tmp, out);
 }
 
@@ -149,7 +148,7 @@ void check_options(const CkptExportOptions& o) {
     throw ConfigError("--quantize", "safetensors holds the f32 master parameters; --quantize int8 goes with "
                                     "--format onnx or triton");
   }
-  if (o.format != "triton" && (!o.name.empty() || o.max_batch != CkptExportOptions{}.max_batch)) {
+  if (o.format != "triton" && (!o.name.empty() || o.max_batch.has_value())) {
     throw ConfigError(o.name.empty() ? "--max-batch" : "--name", "this option describes a Triton model: use it "
                                                                  "with --format triton");
   }
@@ -206,7 +205,7 @@ int run_ckpt_export(const CkptExportOptions& options, std::ostream& out) {
 
   exporter::TritonOptions t;
   t.name = options.name.empty() ? fmt::format("dtrain_{}{}", kind_name(model.model), int8 ? "_int8" : "") : options.name;
-  t.max_batch = options.max_batch;
+  t.max_batch = options.max_batch.value_or(t.max_batch);
   t.cpu_only = int8;
   const fs::path dir = options.out / t.name;
   refuse_existing(env, dir);

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
       ->required();
   exporter->add_option("--quantize", export_options.quantize, "int8: dynamic quantization of every Linear (onnx, triton)");
   exporter->add_option("--name", export_options.name, "triton: the model's name (default dtrain_<kind>[_int8])");
-  exporter->add_option("--max-batch", export_options.max_batch, "triton: max_batch_size")->capture_default_str();
+  exporter->add_option("--max-batch", export_options.max_batch, "triton: max_batch_size (default 32)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);

@@ -269,6 +269,10 @@ TEST(OnnxExport, BadInputIsAClearErrorAndNothingIsOverwritten) {
   r = ckpt(fmt::format("export {} --format safetensors --quantize int8 --out {}/m", root.string(), out.string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--quantize int8 goes with --format onnx or triton"), std::string::npos) << r.output;
+  r = ckpt(fmt::format("export {} --format onnx --max-batch 8 --out {}/m", root.string(), out.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'--max-batch': this option describes a Triton model: use it with --format triton"),
+            std::string::npos) << r.output;
   r = ckpt(fmt::format("export {} --format triton --name ../up --out {}/repo", root.string(), out.string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("'--name': '../up' cannot name a Triton model directory"), std::string::npos) << r.output;

@@ -67,19 +67,9 @@ struct Kind {
 };
 
 ModelConfig tiny(ModelConfig::Kind kind, ModelConfig::Input input, bool tied) {
-  ModelConfig c;
-  c.kind = kind;
-  c.input = input;
-  c.vocab_size = 29;
-  c.d_model = 12;
-  c.n_heads = 3;
-  c.n_layers = 2;
-  c.d_ff = 20;
-  c.max_seq_len = 9;
-  c.num_classes = 4;
-  c.patch_dim = input == ModelConfig::Input::patches ? 6 : 0;
-  c.tie_embeddings = tied;
-  return c;
+  return ModelConfig{.kind = kind, .input = input, .vocab_size = 29, .d_model = 12, .n_heads = 3, .n_layers = 2,
+                     .d_ff = 20, .max_seq_len = 9, .num_classes = 4,
+                     .patch_dim = input == ModelConfig::Input::patches ? 6 : 0, .tie_embeddings = tied};
 }
 
 const std::vector<Kind> kKinds = {
