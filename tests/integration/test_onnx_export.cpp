@@ -69,6 +69,13 @@ fs::path train(const TempDir& dir, const std::string& name, const std::string& j
 
 CommandResult ckpt(const std::string& args) { return run_command(bin_dir() + "/dtrain-ckpt " + args); }
 
+// The export `args` fails (exit 2) with `message` in its output.
+void expect_refused(const std::string& args, const std::string& message) {
+  const CommandResult r = ckpt(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+}
+
 void expect_export(const std::string& args) {
   const CommandResult r = ckpt(args);
   ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.output;
@@ -251,31 +258,21 @@ TEST(OnnxExport, BadInputIsAClearErrorAndNothingIsOverwritten) {
   fs::create_directories(out);
 
   // An existing file is never overwritten.
-  const fs::path taken = out.string() + "/taken.onnx";
+  const fs::path taken = out / "taken.onnx";
   std::ofstream(taken) << "keep me";
-  CommandResult r = ckpt(fmt::format("export {} --format onnx --out {}", root.string(), taken.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find(taken.string() + "' already exists; not overwriting it"), std::string::npos) << r.output;
+  expect_refused(fmt::format("export {} --format onnx --out {}", root.string(), taken.string()),
+                 taken.string() + "' already exists; not overwriting it");
   EXPECT_EQ(read_file(taken), "keep me");
 
-  // Unknown format and quantization name the option and the choices.
-  r = ckpt(fmt::format("export {} --format tflite --out {}/m", root.string(), out.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("'--format': 'tflite' is not a format dtrain-ckpt exports: use safetensors, onnx or triton"),
-            std::string::npos) << r.output;
-  r = ckpt(fmt::format("export {} --format onnx --quantize int4 --out {}/m", root.string(), out.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("'--quantize': 'int4' is not supported: use int8"), std::string::npos) << r.output;
-  r = ckpt(fmt::format("export {} --format safetensors --quantize int8 --out {}/m", root.string(), out.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--quantize int8 goes with --format onnx or triton"), std::string::npos) << r.output;
-  r = ckpt(fmt::format("export {} --format onnx --max-batch 8 --out {}/m", root.string(), out.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("'--max-batch': this option describes a Triton model: use it with --format triton"),
-            std::string::npos) << r.output;
-  r = ckpt(fmt::format("export {} --format triton --name ../up --out {}/repo", root.string(), out.string()));
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("'--name': '../up' cannot name a Triton model directory"), std::string::npos) << r.output;
+  // Unknown formats, quantizations and misplaced options name the option and the choices.
+  const std::string bad = "export " + root.string() + " --out " + (out / "m").string();
+  expect_refused(bad + " --format tflite",
+                 "'--format': 'tflite' is not a format dtrain-ckpt exports: use safetensors, onnx or triton");
+  expect_refused(bad + " --format onnx --quantize int4", "'--quantize': 'int4' is not supported: use int8");
+  expect_refused(bad + " --format safetensors --quantize int8", "--quantize int8 goes with --format onnx or triton");
+  expect_refused(bad + " --format onnx --max-batch 8",
+                 "'--max-batch': this option describes a Triton model: use it with --format triton");
+  expect_refused(bad + " --format triton --name ../up", "'--name': '../up' cannot name a Triton model directory");
 
   // A damaged parameter in the rank file: the checksum error names the file and says what to do.
   const fs::path step = ck::step_dir(root, 5);
@@ -293,11 +290,8 @@ TEST(OnnxExport, BadInputIsAClearErrorAndNothingIsOverwritten) {
     f.put(static_cast<char>(byte ^ 0x5a));
   }
   for (const std::string format : {"onnx", "triton"}) {
-    r = ckpt(fmt::format("export {} --format {} --out {}/damaged", root.string(), format, out.string()));
-    EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find("rank_00000.bin"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("crc32c"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("dtrain-ckpt verify"), std::string::npos) << r.output;
+    const std::string args = fmt::format("export {} --format {} --out {}/damaged", root.string(), format, out.string());
+    for (const char* message : {"rank_00000.bin", "crc32c", "dtrain-ckpt verify"}) expect_refused(args, message);
   }
   EXPECT_EQ(std::distance(fs::directory_iterator(out), {}), 1);  // only taken.onnx: nothing partial left
 }
