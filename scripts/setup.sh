@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs every Debian package dtrain needs to build, test and run its
-# examples. Idempotent: packages already present are left as they are.
+# examples, then ONNX Runtime and onnx from PyPI into the project's virtual
+# environment .venv/ (pinned: scripts/requirements-onnx.txt), which the ONNX
+# export's tests and benchmarks run models with. Idempotent: packages already
+# present are left as they are, and .venv is rebuilt only when the pins change.
 # Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch for bench/ comparisons)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   # build
@@ -11,6 +15,10 @@ packages=(
   protobuf-compiler libprotobuf-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libdnnl-dev zlib1g-dev
   libboost-dev libgloo-dev openmpi-bin libopenmpi-dev
+  # ONNX export (export/): protobuf classes, checker, shape inference
+  libonnx-dev
+  # .venv/ for ONNX Runtime
+  python3-venv
   # tests: a real Slurm cluster (tests/cluster), network namespaces
   slurm-wlm munge iproute2
   # data the examples train on
@@ -34,7 +42,20 @@ for p in "${packages[@]}"; do
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "setup: installing ${missing[*]}"
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Debian's interpreter, not a version manager's shim that may be first on PATH.
+requirements=scripts/requirements-onnx.txt
+stamp=.venv/requirements-onnx.txt
+if [[ -x .venv/bin/python ]] && cmp -s "$requirements" "$stamp"; then
+  echo "setup: .venv has ONNX Runtime ($(grep -m1 '^onnxruntime==' "$requirements"))"
+else
+  echo "setup: installing $requirements into .venv/"
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-input --only-binary=:all: \
+    -r "$requirements"
+  cp "$requirements" "$stamp"
+fi

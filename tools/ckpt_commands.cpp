@@ -1,35 +1,20 @@
 #include "tools/ckpt_commands.h"
 
-#include <unistd.h>
-
-#include <bit>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <ctime>
-#include <memory>
-#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "tools/checkpoint_model.h"
 #include "core/error.h"
-#include "nn/transformer.h"
-#include "worker/config.h"
-#include "worker/trainer.h"
+#include "tools/checkpoint_model.h"
 
 namespace dtrain::tools {
 namespace {
 
 namespace ck = dtrain::checkpoint;
-
-// Checkpoint files hold little-endian f32 and read_range copies them as they
-// are; safetensors is little-endian too, so the bytes pass through unchanged.
-static_assert(std::endian::native == std::endian::little, "dtrain-ckpt assumes a little-endian host");
 
 std::string format_unix_ms(std::int64_t ms) {
   if (ms <= 0) return "unknown";
@@ -70,58 +55,6 @@ void print_model(const SavedModel& model, std::ostream& out) {
   }
 }
 
-// The safetensors header: tensors in layout order, back to back, then the
-// metadata; padded with spaces to a multiple of 8 so the data is aligned.
-std::string safetensors_header(const ck::Manifest& manifest, const nn::ParameterLayout& layout) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  std::uint64_t offset = 0;
-  for (const nn::ParamSpec& p : layout.params()) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(p.numel) * sizeof(float);
-    header[p.name] = {{"dtype", "F32"}, {"shape", p.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  header["__metadata__"] = {{"format", "pt"}, {"step", std::to_string(manifest.step())}, {"source", "dtrain"}};
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  return text;
-}
-
-// Header, then every block's params read (and checksummed) by read_range and
-// cut into its parameters.
-void write_safetensors(ck::Env& env, const std::filesystem::path& step, const ck::Manifest& manifest,
-                       const nn::ParameterLayout& layout, ck::WritableFile& file) {
-  const std::string header = safetensors_header(manifest, layout);
-  const std::uint64_t n = header.size();
-  unsigned char size_le[8];
-  for (int i = 0; i < 8; ++i) size_le[i] = static_cast<unsigned char>(n >> (8 * i));
-  file.append(size_le, sizeof size_le);
-  file.append(header.data(), header.size());
-  std::vector<float> block;
-  for (int b = 0; b < layout.num_blocks(); ++b) {
-    const nn::BlockSpec& spec = layout.blocks()[static_cast<std::size_t>(b)];
-    block.assign(static_cast<std::size_t>(spec.numel), 0.0f);
-    read_block_params(env, step, manifest, layout, b, block.data());
-    for (int i = spec.first_param; i < spec.first_param + spec.num_params; ++i) {
-      const nn::ParamSpec& p = layout.params()[static_cast<std::size_t>(i)];
-      file.append(block.data() + p.offset, static_cast<std::size_t>(p.numel) * sizeof(float));
-    }
-  }
-}
-
-// Moves `tmp` to `out` unless `out` exists: link() fails with EEXIST instead
-// of replacing, so a file created after the first check is not clobbered either.
-void publish_no_clobber(ck::Env& env, const std::filesystem::path& tmp, const std::filesystem::path& out) {
-  if (::link(tmp.c_str(), out.c_str()) == 0) {
-    env.remove_file(tmp);
-    return;
-  }
-  const int err = errno;
-  if (err == EEXIST) throw IoError(fmt::format("'{}' already exists; not overwriting it", out.string()));
-  // Filesystems without hard links: the check before the write has to do.
-  if (env.exists(out)) throw IoError(fmt::format("'{}' already exists; not overwriting it", out.string()));
-  env.rename(tmp, out);
-}
-
 }  // namespace
 
 int run_ckpt_inspect(const std::filesystem::path& dir, std::ostream& out) {
@@ -160,37 +93,6 @@ int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out) {
   }
   out << fmt::format("{} of {} step(s) verified\n", steps.size() - static_cast<std::size_t>(failed), steps.size());
   return failed == 0 ? 0 : 1;
-}
-
-int run_ckpt_export(const CkptExportOptions& options, std::ostream& out) {
-  if (options.format != "safetensors") {
-    throw ConfigError("--format", fmt::format("'{}' is not supported; use safetensors", options.format));
-  }
-  ck::Env& env = *ck::default_env();
-  // Checked first so that a refused export does not read the whole checkpoint.
-  if (env.exists(options.out)) {
-    throw IoError(fmt::format("'{}' already exists; not overwriting it", options.out.string()));
-  }
-  const std::filesystem::path step = resolve_step(env, options.dir);
-  const ck::Manifest manifest = ck::read_manifest(env, step);
-  const SavedModel model = rebuild_model(manifest, step);
-  const std::filesystem::path parent = options.out.has_parent_path() ? options.out.parent_path() : ".";
-  const std::filesystem::path tmp =
-      parent / fmt::format(".{}.tmp.{}", options.out.filename().string(), ::getpid());
-  try {
-    std::unique_ptr<ck::WritableFile> file = env.new_writable_file(tmp);
-    write_safetensors(env, step, manifest, model.layout, *file);
-    file->sync();
-    file->close();
-    publish_no_clobber(env, tmp, options.out);
-    env.sync_dir(parent);
-  } catch (...) {
-    env.remove_all(tmp);
-    throw;
-  }
-  out << fmt::format("exported {} parameters ({} tensors) of step {} to {}\n", model.layout.total_numel(),
-                     model.layout.params().size(), manifest.step(), options.out.string());
-  return 0;
 }
 
 }  // namespace dtrain::tools

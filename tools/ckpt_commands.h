@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -22,12 +23,22 @@ int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out);
 
 struct CkptExportOptions {
   std::filesystem::path dir;
-  std::string format = "safetensors";
-  std::filesystem::path out;
+  std::string format = "safetensors";  // safetensors | onnx | triton
+  std::filesystem::path out;           // the file (safetensors, onnx) or the model repository (triton)
+  std::string quantize;                // "" (f32) or "int8" (onnx, triton)
+  std::string name;                    // triton: the model's name; "" picks dtrain_<kind>[_int8]
+  std::optional<int> max_batch;        // triton: max_batch_size (default exporter::TritonOptions's)
 };
 
-// Writes the step's parameters (tensor "params") to options.out, one tensor
-// per layout parameter. Refuses an existing out; never leaves a partial file there.
+// Converts the step's fp32 master parameters (tensor "params", read block by
+// block through the resharding reads, whatever world size, ZeRO stage or
+// precision saved them):
+//   safetensors  one tensor per layout parameter, to options.out;
+//   onnx         the model as ONNX (export/onnx_model.h), optionally int8, to options.out;
+//   triton       OUT/NAME/config.pbtxt and OUT/NAME/1/model.onnx (export/triton_config.h).
+// Refuses an existing file or model directory and never leaves a partial one
+// there: everything is written aside and moved into place when complete.
+// ConfigError names the option that is wrong (--format, --quantize, ...).
 int run_ckpt_export(const CkptExportOptions& options, std::ostream& out);
 
 }  // namespace dtrain::tools

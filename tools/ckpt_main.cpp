@@ -2,6 +2,8 @@
 //   dtrain-ckpt inspect DIR
 //   dtrain-ckpt verify DIR                      (exit 1 when a step fails to verify)
 //   dtrain-ckpt export DIR --format safetensors --out FILE
+//   dtrain-ckpt export DIR --format onnx --out FILE [--quantize int8]
+//   dtrain-ckpt export DIR --format triton --out REPO [--name NAME] [--max-batch N] [--quantize int8]
 // DIR: a checkpoint root (inspect and export use the step `latest` names) or a
 // step directory (step_NNNNNNNNN).
 #include <exception>
@@ -33,9 +35,13 @@ int main(int argc, char** argv) {
   dtrain::tools::CkptExportOptions export_options;
   std::string export_dir, export_out;
   CLI::App* exporter = add_dir_command(app, "export", "write the fp32 parameters in another format", export_dir);
-  exporter->add_option("--format", export_options.format, "output format")
-      ->check(CLI::IsMember({"safetensors"}))->capture_default_str();
-  exporter->add_option("--out", export_out, "file to create (never overwritten)")->required();
+  // Formats and quantizations are checked by run_ckpt_export, whose errors say what to use instead.
+  exporter->add_option("--format", export_options.format, "safetensors, onnx or triton")->capture_default_str();
+  exporter->add_option("--out", export_out, "file to create, or the Triton model repository (never overwritten)")
+      ->required();
+  exporter->add_option("--quantize", export_options.quantize, "int8: dynamic quantization of every Linear (onnx, triton)");
+  exporter->add_option("--name", export_options.name, "triton: the model's name (default dtrain_<kind>[_int8])");
+  exporter->add_option("--max-batch", export_options.max_batch, "triton: max_batch_size (default 32)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);
