@@ -10,8 +10,10 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/syscall.h"
 #include "launcher/trace_merge.h"
+#include "launcher/worker_env.h"
 
 namespace dtrain::launcher {
 namespace {
@@ -50,6 +52,10 @@ std::string indent(const std::string& text) {
     start = end + 1;
   }
   return out;
+}
+
+bool is_number(const std::string& text) {
+  return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
 }
 
 // Within one look, a death by signal or an odd exit code says more than
@@ -112,6 +118,16 @@ AgentState Agent::init() {
   rdzv_ = std::make_unique<Rendezvous>(std::make_shared<comm::PrefixStore>(options_.run_id + "/launch", store_.store),
                                        ro, self);
   if (store_.server) console_.say(fmt::format("hosting the run's store on {}:{}", options_.endpoint_host, options_.endpoint_port));
+  if (!is_number(options_.nproc_spec)) {
+    console_.say(fmt::format("--nproc-per-node {}: {} worker(s) on this node", options_.nproc_spec,
+                             options_.nproc_per_node));
+  }
+  if (defaults_omp_threads(options_, env_)) {
+    console_.say(fmt::format("setting OMP_NUM_THREADS=1 for each worker, as torchrun does ({} share this node and "
+                             "OMP_NUM_THREADS is unset; dtrain-worker splits the cores between its ranks "
+                             "itself); set OMP_NUM_THREADS to choose",
+                             options_.nproc_per_node));
+  }
   std::filesystem::create_directories(options_.log_dir);
   if (options_.metrics_port > 0) {
     metrics_ = std::make_unique<MetricsExporter>(options_.metrics_host, options_.metrics_port,
@@ -129,9 +145,10 @@ AgentState Agent::rendezvous() {
                            options_.endpoint_host, options_.endpoint_port, options_.run_id));
   try {
     plan_ = rdzv_->join();
+    master_port_ = rdzv_->master_port(plan_, free_tcp_port);
   } catch (const Interrupted& stop) {
     console_.say(fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop.signal)));
-    exit_code_ = 128 + stop.signal;
+    exit_code_ = kExitSignalBase + stop.signal;
     return AgentState::failed;
   }
   start_workers();
@@ -139,25 +156,13 @@ AgentState Agent::rendezvous() {
 }
 
 std::map<std::string, std::string> Agent::worker_environment() const {
-  std::map<std::string, std::string> env;
-  for (const auto& [k, v] : env_) {
-    // This agent's own placement (srun, mpirun, an enclosing launch) is not the workers'.
-    if (k.rfind("DTRAIN_", 0) == 0 || k.rfind("OMPI_COMM_WORLD_", 0) == 0 || k == "PMIX_RANK") continue;
-    env[k] = v;
-  }
-  const std::string& host = options_.endpoint_host;
-  const bool ipv6 = host.find(':') != std::string::npos;
-  env["DTRAIN_STORE"] = ipv6 ? fmt::format("[{}]:{}", host, options_.endpoint_port)
-                             : fmt::format("{}:{}", host, options_.endpoint_port);
-  env["DTRAIN_TOKEN"] = token_;
-  env["DTRAIN_RUN_ID"] = options_.run_id;
-  env["DTRAIN_RESTART"] = std::to_string(plan_.round);
-  env["DTRAIN_WORLD_SIZE"] = std::to_string(plan_.world_size);
-  env["DTRAIN_LOCAL_WORLD_SIZE"] = std::to_string(options_.nproc_per_node);
-  env["DTRAIN_NODE_RANK"] = std::to_string(plan_.node_rank);
-  if (options_.hang_timeout_s > 0 || metrics_) env["DTRAIN_HEARTBEAT_S"] = fmt::format("{}", options_.monitor_interval_s);
-  if (metrics_) env["DTRAIN_METRICS"] = "1";  // the heartbeat also publishes metrics/<rank>
-  return env;
+  WorkerRound round;
+  round.token = token_;
+  round.master_port = master_port_;
+  round.restarts = restarts_;
+  round.heartbeat_s = options_.hang_timeout_s > 0 || metrics_ ? options_.monitor_interval_s : 0.0;
+  round.metrics = metrics_ != nullptr;
+  return worker_base_environment(options_, plan_, env_, round);
 }
 
 void Agent::start_workers() {
@@ -168,7 +173,7 @@ void Agent::start_workers() {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     const int rank = first + local;
-    specs.push_back({rank, {{"DTRAIN_RANK", std::to_string(rank)}, {"DTRAIN_LOCAL_RANK", std::to_string(local)}}});
+    specs.push_back({rank, worker_rank_environment(rank, local)});
     const auto log = std::filesystem::path(options_.log_dir) / fmt::format("rank_{}.log", rank);
     std::ofstream out(log, first_round_ ? std::ios::trunc : std::ios::app);
     if (!first_round_) out << fmt::format("----- dtrain-launch: round {} -----\n", plan_.round);
@@ -232,7 +237,7 @@ AgentState Agent::running() {
         end = RoundEnd{RoundEnd::Kind::failure, fmt::format("lost the run's store: {}", e.what()), "", 0};
         failures_.push_back(*end);
         workers_->stop(ms(options_.stop_timeout_s));
-        exit_code_ = 1;
+        exit_code_ = kExitFailed;
         return finish(AgentState::failed);
       }
       if (end) {
@@ -351,13 +356,13 @@ AgentState Agent::stopping() {
     console_.say(fmt::format("workers {}; exiting as stopped by {}",
                              workers_->all_succeeded() ? "saved and exited" : "did not all exit cleanly",
                              signal_name(end_.signal)));
-    exit_code_ = 128 + end_.signal;
+    exit_code_ = kExitSignalBase + end_.signal;
     return finish(AgentState::failed);
   }
   if (end_.kind == RoundEnd::Kind::failure) {
     failures_.push_back(end_);
     if (restarts_ >= options_.max_restarts) {
-      exit_code_ = 1;
+      exit_code_ = kExitFailed;
       print_summary();
       return finish(AgentState::failed);
     }

@@ -87,6 +87,7 @@ class Agent {
   RoundEnd end_;                    // why the current round ended
   std::vector<RoundEnd> failures_;  // every failed round, in order
   int restarts_ = 0;
+  int master_port_ = 0;             // the workers' MASTER_PORT in this round
   bool first_round_ = true;
   int exit_code_ = 0;
 };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package dtrain needs to build, test and run its
 # examples. Idempotent: packages already present are left as they are.
-# Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch for bench/ comparisons)
+# Usage: scripts/setup.sh [--bench]   (--bench adds what bench/'s PyTorch comparisons
+# need beyond the tests' PyTorch)
 set -euo pipefail
 
 packages=(
@@ -11,15 +12,16 @@ packages=(
   protobuf-compiler libprotobuf-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libdnnl-dev zlib1g-dev
   libboost-dev libgloo-dev openmpi-bin libopenmpi-dev
-  # tests: a real Slurm cluster (tests/cluster), network namespaces
-  slurm-wlm munge iproute2
+  # tests: a real Slurm cluster (tests/cluster), network namespaces, and PyTorch
+  # for dtrain-launch's torchrun contract (tests/integration/test_launch_torchrun.cpp)
+  slurm-wlm munge iproute2 python3-torch
   # data the examples train on
   dataset-fashion-mnist fortunes
   # scripts/plot.sh
   gnuplot-nox
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch libopenblas0-pthread)
+  packages+=(libopenblas0-pthread)
 fi
 
 SUDO=""

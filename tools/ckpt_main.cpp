@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/command_line.h"
 #include "core/error.h"
 #include "tools/ckpt_commands.h"
 
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
   exporter->add_option("--format", export_options.format, "output format")
       ->check(CLI::IsMember({"safetensors"}))->capture_default_str();
   exporter->add_option("--out", export_out, "file to create (never overwritten)")->required();
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-ckpt")) return *code;
   try {
     if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);
     if (verify->parsed()) return dtrain::tools::run_ckpt_verify(verify_dir, std::cout);
