@@ -133,6 +133,7 @@ AgentState Agent::init() {
     metrics_ = std::make_unique<MetricsExporter>(options_.metrics_host, options_.metrics_port,
                                                  ms(options_.monitor_interval_s), console_);
     metrics_->set_peak_flops(options_.peak_flops);
+    metrics_->set_run_id(options_.run_id);
     console_.say(fmt::format("serving /metrics on http://{}:{}/metrics", options_.metrics_host, metrics_->port()));
   }
   return AgentState::rendezvous;
@@ -319,7 +320,7 @@ std::optional<RoundEnd> Agent::check_hang() {
 }
 
 void Agent::collect_metrics() {
-  if (!metrics_) return;
+  if (!metrics_ || !workers_) return;
   try {
     metrics_->collect(*store_.store, fmt::format("{}/round{}", options_.run_id, plan_.round), workers_->running(),
                       Clock::now());
@@ -375,6 +376,11 @@ AgentState Agent::stopping() {
 // The hosting agent keeps the store up until every agent saw the end (bounded).
 AgentState Agent::finish(AgentState final_state) {
   if (final_state == AgentState::succeeded) console_.say("all workers of every node finished");
+  try {
+    collect_metrics();  // the workers' last snapshots, published as they ended
+  } catch (const Error&) {
+    // the store is gone: the page keeps what it had
+  }
   merge_traces();
   try {
     rdzv_->mark_left(plan_.round);
@@ -385,7 +391,18 @@ AgentState Agent::finish(AgentState final_state) {
   } catch (const Error&) {
     // the store is gone already: nothing left to wait for
   }
+  linger_metrics();
   return final_state;
+}
+
+// --metrics-linger: the final values stay up for a last scrape; a signal to
+// the agent ends the wait.
+void Agent::linger_metrics() {
+  if (!metrics_ || options_.metrics_linger_s <= 0) return;
+  console_.say(fmt::format("serving the final values on /metrics for {} s more (--metrics-linger)",
+                           options_.metrics_linger_s));
+  const auto until = Clock::now() + ms(options_.metrics_linger_s);
+  while (Clock::now() < until && g_signal.load() == 0) std::this_thread::sleep_for(milliseconds(50));
 }
 
 void Agent::print_summary() const {

@@ -64,6 +64,7 @@ class Agent {
   std::optional<RoundEnd> check_hang();
   // --metrics-port: the workers' snapshots into /metrics (throws CommError).
   void collect_metrics();
+  void linger_metrics();
   // The ranks' trace files of the round into one (docs/observability.md).
   void merge_traces();
   std::optional<RoundEnd> on_worker_exits(const std::vector<WorkerExit>& exits);

@@ -81,6 +81,8 @@ void add_options(CLI::App& app, LaunchOptions& o, RawArgs& raw) {
   app.add_option("--log-dir", o.log_dir, "where rank_K.log files go");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus /metrics on this port (0: off)");
   app.add_option("--metrics-host", o.metrics_host, "the address /metrics listens on");
+  app.add_option("--metrics-linger", o.metrics_linger_s, "seconds /metrics keeps serving the final values after the job")
+      ->check(at_least(0));
   app.add_option("--peak-flops", o.peak_flops, "one worker's peak FLOP/s (e.g. 989e12): /metrics then has dtrain_mfu")
       ->check(at_least(0));
 }

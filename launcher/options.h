@@ -42,6 +42,7 @@ struct LaunchOptions {
   std::string log_dir = "logs";
   int metrics_port = 0;              // --metrics-port: serve /metrics here (0: off)
   std::string metrics_host = "127.0.0.1";  // --metrics-host: the address /metrics listens on
+  double metrics_linger_s = 0.0;     // --metrics-linger: keep serving the final values this long
   double peak_flops = 0.0;           // --peak-flops: one worker's peak FLOP/s, for dtrain_mfu (0: not exported)
   std::vector<std::string> command;  // what each worker executes: PROGRAM ARGS... (python3 -u first for .py)
   bool from_slurm = false;           // nodes, rank and endpoint came from Slurm's variables

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <thread>
 #include <iostream>
 #include <string>
@@ -58,6 +59,7 @@ std::unique_ptr<dtrain::telemetry::MetricsServer> serve_metrics(const std::strin
   if (port <= 0 || !live) return nullptr;
   auto server = std::make_unique<dtrain::telemetry::MetricsServer>(host, port + env.local_rank, [live, env] {
     dtrain::telemetry::JobMetrics job;
+    job.run_id = env.run_id;
     job.world_size = env.world_size;
     job.round = env.restart;
     job.workers_up = 1;
@@ -153,6 +155,13 @@ std::shared_ptr<dtrain::worker::LiveMetrics> live_metrics(dtrain::worker::Heartb
   return live;
 }
 
+// Every step's gradient norm for /metrics (TrainerOptions::after_step).
+std::function<void(const dtrain::worker::StepResult&)> live_grad_norm(
+    const std::shared_ptr<dtrain::worker::LiveMetrics>& live) {
+  if (!live) return {};
+  return [live](const dtrain::worker::StepResult& r) { live->record_grad_norm(r.grad_norm); };
+}
+
 void print_start(const dtrain::config::Config& config, const dtrain::cluster::Environment& env,
                  const dtrain::comm::Communicator& comm) {
   std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
@@ -219,6 +228,7 @@ int train(const WorkerArgs& args) {
                                                                           ? dtrain::comm::cuda_device_for(env)
                                                                           : 0,
                                                        .ranks_on_node = env.local_world_size,
+                                                       .after_step = live_grad_norm(live),
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});
@@ -227,6 +237,7 @@ int train(const WorkerArgs& args) {
     return 0;
   }
   const dtrain::worker::TrainSummary summary = trainer.run();
+  if (live) live->set_communicator(nullptr);  // the heartbeat's last publication keeps the final totals
   publish_trace(trainer, store, env);
   if (rank0) print_end(summary);
   return 0;

@@ -146,7 +146,7 @@ TEST(LaunchOptions, HelpShowsTheProgramFormAndEveryDefaultAndVersionTheVersion) 
   parse_command_line({"dtrain-launch", "--help"}, &message);
   EXPECT_THAT(message, HasSubstr("Usage: dtrain-launch [OPTIONS] [--] PROGRAM [ARGS...]"));
   for (const char* shown : {"--nproc-per-node,--nproc_per_node TEXT=1", "--rdzv-timeout FLOAT=600",
-                            "--log-dir TEXT=logs", "--master-port,--master_port INT=29500",
+                            "--log-dir TEXT=logs", "--master-port,--master_port INT=29500", "--metrics-linger FLOAT=0",
                             "--hang-timeout FLOAT=300", "--node-rank,--node_rank INT=arrival order"}) {
     EXPECT_THAT(message, HasSubstr(shown));
   }
