@@ -24,6 +24,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$repo/bench/lib.sh"
 build=${BUILD_DIR:-$repo/build}
 steps=${STEPS:-5}
 warmup=${WARMUP:-2}
@@ -70,15 +71,11 @@ top_two_variants() {
     sort -g | head -2 | awk '{ printf "%s%s", sep, $2; sep = "," }'
 }
 # run NAME CMD...: runs CMD, keeps its output in LOG_DIR/NAME.log, prints it to
-# stdout for the caller; a failed run prints nothing (and says so on stderr).
+# stdout for the caller; a failed run stops the script with its error.
 run() {
   local name=$1; shift
   echo "# $name: $*" >&2
-  if ! "$@" >"$log_dir/$name.log" 2>&1; then
-    echo "# $name FAILED (see $log_dir/$name.log):" >&2
-    tail -5 "$log_dir/$name.log" >&2
-    return 0
-  fi
+  "$@" >"$log_dir/$name.log" 2>&1 || bench_failed "$name (full output: $log_dir/$name.log)" "$(cat "$log_dir/$name.log")"
   cat "$log_dir/$name.log"
 }
 

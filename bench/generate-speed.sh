@@ -10,6 +10,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$repo/bench/lib.sh"
 build=${BUILD_DIR:-$repo/build}
 new=${NEW:-256}
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
@@ -22,8 +23,11 @@ trap 'rm -rf "$work"' EXIT
 
 # tokens/s of one generation.
 speed() {
-  "$build/bin/dtrain-generate" --checkpoint "$work/run/checkpoints" --prompt "1 2 3 4" --max-new-tokens "$new" \
-    --temperature 0 --stats "$@" 2>&1 >/dev/null | awk '$1 == "tokens_per_s:" { print $2 }'
+  local stats
+  stats=$("$build/bin/dtrain-generate" --checkpoint "$work/run/checkpoints" --prompt "1 2 3 4" \
+            --max-new-tokens "$new" --temperature 0 --stats "$@" 2>&1 >/dev/null) ||
+    bench_failed "dtrain-generate $*" "$stats"
+  awk '$1 == "tokens_per_s:" { print $2 }' <<<"$stats"
 }
 
 cached=$(speed)

@@ -12,6 +12,7 @@
 #   STEPS=20 KILL_AT=7 NPROC=4 bench/launch-times.sh
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+source "$repo/bench/lib.sh"
 build=${1:-$repo/build}
 steps=${STEPS:-20}
 kill_at=${KILL_AT:-7}
@@ -26,25 +27,32 @@ command=("$build/bin/dtrain-launch" --standalone --nproc-per-node "$nproc" --max
          --set "train.out_dir=$work/run" --set "train.steps=$steps" --set train.log_every=1
          --set checkpoint.every_steps=5 --set checkpoint.resume=auto)
 start=$EPOCHREALTIME
-"${command[@]}" 2>&1 | while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done > "$ts" &
-pipeline=$!
+"${command[@]}" > >(while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done > "$ts") 2>&1 &
+launcher=$!
 
-# Waits (up to 600 s) for a line matching $1 in the timestamped output.
+# Waits (up to 600 s) for a line matching $1 in the timestamped output. A
+# worker that fails before (a config error, a crash) stops the benchmark at
+# once, with its error.
 wait_for() {
   for _ in $(seq 6000); do
     grep -qE "$1" "$ts" 2>/dev/null && return 0
+    if grep -qE 'dtrain-launch: rank [0-9]+ failed' "$ts" 2>/dev/null || ! kill -0 "$launcher" 2>/dev/null; then
+      kill "$launcher" 2>/dev/null || true
+      wait "$launcher" || true
+      sleep 0.2  # the last lines through the timestamping loop
+      bench_failed "the job (before '$1')" "$(cat "$ts")"
+    fi
     sleep 0.1
   done
-  echo "launch-times: no line matching '$1' within 600 s; output so far:" >&2
-  cat "$ts" >&2
-  exit 1
+  bench_failed "waiting 600 s for a line matching '$1'" "$(cat "$ts")"
 }
 
 wait_for "\[rank 0\] step +$kill_at/"
 victim=$(sed -nE 's/.*round 0: rank 1 is pid ([0-9]+).*/\1/p' "$ts")
 killed=$EPOCHREALTIME
 kill -9 "$victim"
-wait "$pipeline"
+wait "$launcher" || true
+sleep 0.2  # the last lines through the timestamping loop
 
 first_step=$(grep -m1 -E '\[rank 0\] step +1/' "$ts" | cut -d' ' -f1)
 resumed=$(awk '/dtrain-launch: round 1:/ {r = 1} r && /\[rank 0\] step / {print $1; exit}' "$ts")
@@ -52,7 +60,7 @@ resumed_step=$(awk '/dtrain-launch: round 1:/ {r = 1} r && /\[rank 0\] step / {s
 # The launcher's own share: until its workers of round 0 (and of round 1) were started.
 spawned=$(grep -m1 -E 'round 0: rank [0-9]+ is pid' "$ts" | cut -d' ' -f1)
 respawned=$(grep -m1 -E 'round 1: rank [0-9]+ is pid' "$ts" | cut -d' ' -f1)
-grep -q "all workers of every node finished" "$ts" || { echo "launch-times: the job did not finish" >&2; cat "$ts" >&2; exit 1; }
+grep -q "all workers of every node finished" "$ts" || bench_failed "the restarted job" "$(cat "$ts")"
 
 echo "dtrain-launch, $nproc workers of lm-small, $(nproc) cores; rank 1 killed after step $kill_at, resumed at step $resumed_step"
 echo "command: ${command[*]}"

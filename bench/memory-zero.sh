@@ -20,6 +20,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$repo/bench/lib.sh"
 build=${BUILD_DIR:-$repo/build}
 config=${1:-$repo/examples/configs/lm-small.json}
 worlds=${WORLDS:-1 2 4}
@@ -67,7 +68,7 @@ rows=() lines=()
 for world in $worlds; do
   for stage in $stages; do
     echo "# world $world, stage $stage" >&2
-    out=$(measure "$world" "$stage") || { echo "# world $world stage $stage FAILED" >&2; continue; }
+    out=$(measure "$world" "$stage" 2>&1) || bench_failed "world $world, stage $stage" "$out"
     p=$(field param_count "$out")
     got=$(field model_state_bytes "$out")
     want=$(formula "$stage" "$world" "$p")

@@ -28,6 +28,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "core/aligned_buffer.h"
+#include "core/command_line.h"
 #include "core/process.h"
 #include "tools/bench_collectives_common.h"
 
@@ -240,11 +241,11 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", o.min_bytes)->transform(CLI::AsSizeValue(false));
   app.add_option("--max-bytes", o.max_bytes)->transform(CLI::AsSizeValue(false));
   app.add_option("--step-factor", o.step_factor)->check(CLI::Range(1.0001, 1e6));
-  app.add_option("--iters", o.iters)->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup)->check(CLI::NonNegativeNumber);
+  app.add_option("--iters", o.iters)->check(dtrain::at_least(1));
+  app.add_option("--warmup", o.warmup)->check(dtrain::at_least(0));
   app.add_option("--store-dir", o.store_dir, "gloo FileStore directory (fresh per run)");
-  app.add_option("--timeout-s", o.timeout_s)->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--timeout-s", o.timeout_s)->check(dtrain::at_least(1));
+  if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-bench-raw")) return *code;
   try {
     std::unique_ptr<Library> lib;
     if (o.library == "mpi") {

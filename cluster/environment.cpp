@@ -27,6 +27,10 @@ constexpr std::array<const char*, 5> kLauncherLayoutVars = {
     "DTRAIN_WORLD_SIZE", "DTRAIN_LOCAL_RANK", "DTRAIN_LOCAL_WORLD_SIZE", "DTRAIN_NODE_RANK",
     "DTRAIN_RESTART"};
 
+// torchrun's placement variables: any of them makes the worker read the
+// torchrun family, which then must be whole.
+constexpr std::array<const char*, 4> kTorchrunVars = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+
 constexpr int kMaxPort = 65535;
 
 // The variables each field was read from, so that a range error names them.
@@ -182,6 +186,62 @@ Environment from_launcher(const EnvMap& vars) {
   return env;
 }
 
+int port_in_range(const std::string& name, const std::string& value) {
+  const int port = parse_int(name, value);
+  if (port < 1 || port > kMaxPort) {
+    throw Error(fmt::format("{}={} must be a port from 1 to {}", name, port, kMaxPort));
+  }
+  return port;
+}
+
+// MASTER_ADDR with DTRAIN_STORE_PORT, MASTER_PORT, or MASTER_PORT + 1 when
+// torchrun's agent keeps PyTorch's store on MASTER_PORT.
+std::string torchrun_store(const EnvMap& vars, const Environment& env) {
+  const std::string* addr = find(vars, "MASTER_ADDR");
+  const std::string* port = find(vars, "MASTER_PORT");
+  if (addr == nullptr && port == nullptr) {
+    throw Error(fmt::format(
+        "RANK and WORLD_SIZE={} are set but MASTER_ADDR and MASTER_PORT are not: torchrun sets them "
+        "together (the host and port of rank 0's store); set them, or DTRAIN_STORE=host:port",
+        env.world_size));
+  }
+  if (addr == nullptr) throw_missing("MASTER_PORT", "MASTER_ADDR", starter_name(Starter::torchrun));
+  if (port == nullptr) throw_missing("MASTER_ADDR", "MASTER_PORT", starter_name(Starter::torchrun));
+  int store_port = port_in_range("MASTER_PORT", *port);
+  if (const std::string* own = find(vars, "DTRAIN_STORE_PORT")) {
+    store_port = port_in_range("DTRAIN_STORE_PORT", *own);
+  } else if (value_or(vars, "TORCHELASTIC_USE_AGENT_STORE", "") == "True") {
+    if (store_port == kMaxPort) {
+      throw Error("MASTER_PORT=65535 holds torchrun's own store and leaves no port above it for dtrain's: set "
+                  "DTRAIN_STORE_PORT");
+    }
+    ++store_port;
+  }
+  return addr->find(':') == std::string::npos ? fmt::format("{}:{}", *addr, store_port)
+                                              : fmt::format("[{}]:{}", *addr, store_port);
+}
+
+Environment from_torchrun(const EnvMap& vars) {
+  const Sources src{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"};
+  const std::string name = starter_name(Starter::torchrun);
+  if (!has(vars, "RANK")) {
+    for (const char* var : kTorchrunVars) {
+      if (has(vars, var)) throw_missing(var, "RANK", name);
+    }
+  }
+  Environment env = read_ranks(vars, src, Starter::torchrun);
+  env.restart = optional_int(vars, "TORCHELASTIC_RESTART_COUNT").value_or(0);
+  if (env.restart < 0) {
+    throw Error(fmt::format("TORCHELASTIC_RESTART_COUNT={} must not be negative; fix or unset it", env.restart));
+  }
+  read_run_vars(vars, env);
+  if (env.run_id.empty()) env.run_id = value_or(vars, "TORCHELASTIC_RUN_ID", "");
+  validate(env, src);
+  if (!env.store && env.world_size > 1) env.store = torchrun_store(vars, env);
+  if (env.store) parse_host_port(*env.store, "MASTER_ADDR:MASTER_PORT");
+  return env;
+}
+
 Environment from_mpirun(const EnvMap& vars) {
   const Sources src{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK"};
@@ -236,10 +296,7 @@ void derive_slurm_store(const EnvMap& vars, Environment& env) {
   }
   int port = 0;
   if (const std::string* value = find(vars, "DTRAIN_STORE_PORT")) {
-    port = parse_int("DTRAIN_STORE_PORT", *value);
-    if (port < 1 || port > kMaxPort) {
-      throw Error(fmt::format("DTRAIN_STORE_PORT={} must be a port from 1 to {}", port, kMaxPort));
-    }
+    port = port_in_range("DTRAIN_STORE_PORT", *value);
   } else {
     port = slurm_store_port(env.slurm_job_id, env.slurm_step_id);
   }
@@ -297,6 +354,9 @@ Environment detect_starter(const EnvMap& vars) {
   for (const char* name : kLauncherLayoutVars) {
     if (has(vars, name)) throw_missing(name, "DTRAIN_RANK", starter_name(Starter::launcher));
   }
+  for (const char* name : kTorchrunVars) {
+    if (has(vars, name)) return from_torchrun(vars);
+  }
   if (has(vars, "OMPI_COMM_WORLD_RANK")) return from_mpirun(vars);
   if (has(vars, "SLURM_PROCID") && (has(vars, "SLURM_STEP_ID") || has(vars, "SLURM_STEPID"))) {
     return from_srun(vars);
@@ -312,6 +372,8 @@ const char* starter_name(Starter starter) {
       return "single";
     case Starter::launcher:
       return "dtrain-launch";
+    case Starter::torchrun:
+      return "torchrun";
     case Starter::mpirun:
       return "mpirun";
     case Starter::slurm:

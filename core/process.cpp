@@ -46,10 +46,12 @@ long minor_page_faults() {
   return usage.ru_minflt;
 }
 
-double peak_rss_mb() {
+std::int64_t peak_rss_bytes() {
   rusage usage{};
   DTRAIN_SYSCALL(::getrusage(RUSAGE_SELF, &usage));
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // Linux counts KiB
 }
+
+double peak_rss_mb() { return static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0); }
 
 }  // namespace dtrain

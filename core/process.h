@@ -1,6 +1,8 @@
 // Process-wide set-up shared by the binaries.
 #pragma once
 
+#include <cstdint>
+
 namespace dtrain {
 
 // Keeps freed memory in the process (no trimming, no per-allocation mmap), so
@@ -13,7 +15,8 @@ void configure_malloc_for_training();
 // measure of fresh memory touched, used by tests and benchmarks.
 long minor_page_faults();
 
-// Peak resident set size of this process in MiB.
+// Peak resident set size of this process, in bytes and in MiB.
+std::int64_t peak_rss_bytes();
 double peak_rss_mb();
 
 }  // namespace dtrain

@@ -10,8 +10,10 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/syscall.h"
 #include "launcher/trace_merge.h"
+#include "launcher/worker_env.h"
 
 namespace dtrain::launcher {
 namespace {
@@ -50,6 +52,10 @@ std::string indent(const std::string& text) {
     start = end + 1;
   }
   return out;
+}
+
+bool is_number(const std::string& text) {
+  return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
 }
 
 // Within one look, a death by signal or an odd exit code says more than
@@ -112,11 +118,22 @@ AgentState Agent::init() {
   rdzv_ = std::make_unique<Rendezvous>(std::make_shared<comm::PrefixStore>(options_.run_id + "/launch", store_.store),
                                        ro, self);
   if (store_.server) console_.say(fmt::format("hosting the run's store on {}:{}", options_.endpoint_host, options_.endpoint_port));
+  if (!is_number(options_.nproc_spec)) {
+    console_.say(fmt::format("--nproc-per-node {}: {} worker(s) on this node", options_.nproc_spec,
+                             options_.nproc_per_node));
+  }
+  if (defaults_omp_threads(options_, env_)) {
+    console_.say(fmt::format("setting OMP_NUM_THREADS=1 for each worker, as torchrun does ({} share this node and "
+                             "OMP_NUM_THREADS is unset; dtrain-worker splits the cores between its ranks "
+                             "itself); set OMP_NUM_THREADS to choose",
+                             options_.nproc_per_node));
+  }
   std::filesystem::create_directories(options_.log_dir);
   if (options_.metrics_port > 0) {
     metrics_ = std::make_unique<MetricsExporter>(options_.metrics_host, options_.metrics_port,
                                                  ms(options_.monitor_interval_s), console_);
     metrics_->set_peak_flops(options_.peak_flops);
+    metrics_->set_run_id(options_.run_id);
     console_.say(fmt::format("serving /metrics on http://{}:{}/metrics", options_.metrics_host, metrics_->port()));
   }
   return AgentState::rendezvous;
@@ -129,9 +146,10 @@ AgentState Agent::rendezvous() {
                            options_.endpoint_host, options_.endpoint_port, options_.run_id));
   try {
     plan_ = rdzv_->join();
+    master_port_ = rdzv_->master_port(plan_, free_tcp_port);
   } catch (const Interrupted& stop) {
     console_.say(fmt::format("stopped by {} while waiting for the other nodes", signal_name(stop.signal)));
-    exit_code_ = 128 + stop.signal;
+    exit_code_ = kExitSignalBase + stop.signal;
     return AgentState::failed;
   }
   start_workers();
@@ -139,25 +157,13 @@ AgentState Agent::rendezvous() {
 }
 
 std::map<std::string, std::string> Agent::worker_environment() const {
-  std::map<std::string, std::string> env;
-  for (const auto& [k, v] : env_) {
-    // This agent's own placement (srun, mpirun, an enclosing launch) is not the workers'.
-    if (k.rfind("DTRAIN_", 0) == 0 || k.rfind("OMPI_COMM_WORLD_", 0) == 0 || k == "PMIX_RANK") continue;
-    env[k] = v;
-  }
-  const std::string& host = options_.endpoint_host;
-  const bool ipv6 = host.find(':') != std::string::npos;
-  env["DTRAIN_STORE"] = ipv6 ? fmt::format("[{}]:{}", host, options_.endpoint_port)
-                             : fmt::format("{}:{}", host, options_.endpoint_port);
-  env["DTRAIN_TOKEN"] = token_;
-  env["DTRAIN_RUN_ID"] = options_.run_id;
-  env["DTRAIN_RESTART"] = std::to_string(plan_.round);
-  env["DTRAIN_WORLD_SIZE"] = std::to_string(plan_.world_size);
-  env["DTRAIN_LOCAL_WORLD_SIZE"] = std::to_string(options_.nproc_per_node);
-  env["DTRAIN_NODE_RANK"] = std::to_string(plan_.node_rank);
-  if (options_.hang_timeout_s > 0 || metrics_) env["DTRAIN_HEARTBEAT_S"] = fmt::format("{}", options_.monitor_interval_s);
-  if (metrics_) env["DTRAIN_METRICS"] = "1";  // the heartbeat also publishes metrics/<rank>
-  return env;
+  WorkerRound round;
+  round.token = token_;
+  round.master_port = master_port_;
+  round.restarts = restarts_;
+  round.heartbeat_s = options_.hang_timeout_s > 0 || metrics_ ? options_.monitor_interval_s : 0.0;
+  round.metrics = metrics_ != nullptr;
+  return worker_base_environment(options_, plan_, env_, round);
 }
 
 void Agent::start_workers() {
@@ -168,7 +174,7 @@ void Agent::start_workers() {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     const int rank = first + local;
-    specs.push_back({rank, {{"DTRAIN_RANK", std::to_string(rank)}, {"DTRAIN_LOCAL_RANK", std::to_string(local)}}});
+    specs.push_back({rank, worker_rank_environment(rank, local)});
     const auto log = std::filesystem::path(options_.log_dir) / fmt::format("rank_{}.log", rank);
     std::ofstream out(log, first_round_ ? std::ios::trunc : std::ios::app);
     if (!first_round_) out << fmt::format("----- dtrain-launch: round {} -----\n", plan_.round);
@@ -232,7 +238,7 @@ AgentState Agent::running() {
         end = RoundEnd{RoundEnd::Kind::failure, fmt::format("lost the run's store: {}", e.what()), "", 0};
         failures_.push_back(*end);
         workers_->stop(ms(options_.stop_timeout_s));
-        exit_code_ = 1;
+        exit_code_ = kExitFailed;
         return finish(AgentState::failed);
       }
       if (end) {
@@ -314,7 +320,7 @@ std::optional<RoundEnd> Agent::check_hang() {
 }
 
 void Agent::collect_metrics() {
-  if (!metrics_) return;
+  if (!metrics_ || !workers_) return;
   try {
     metrics_->collect(*store_.store, fmt::format("{}/round{}", options_.run_id, plan_.round), workers_->running(),
                       Clock::now());
@@ -351,13 +357,13 @@ AgentState Agent::stopping() {
     console_.say(fmt::format("workers {}; exiting as stopped by {}",
                              workers_->all_succeeded() ? "saved and exited" : "did not all exit cleanly",
                              signal_name(end_.signal)));
-    exit_code_ = 128 + end_.signal;
+    exit_code_ = kExitSignalBase + end_.signal;
     return finish(AgentState::failed);
   }
   if (end_.kind == RoundEnd::Kind::failure) {
     failures_.push_back(end_);
     if (restarts_ >= options_.max_restarts) {
-      exit_code_ = 1;
+      exit_code_ = kExitFailed;
       print_summary();
       return finish(AgentState::failed);
     }
@@ -370,6 +376,11 @@ AgentState Agent::stopping() {
 // The hosting agent keeps the store up until every agent saw the end (bounded).
 AgentState Agent::finish(AgentState final_state) {
   if (final_state == AgentState::succeeded) console_.say("all workers of every node finished");
+  try {
+    collect_metrics();  // the workers' last snapshots, published as they ended
+  } catch (const Error&) {
+    // the store is gone: the page keeps what it had
+  }
   merge_traces();
   try {
     rdzv_->mark_left(plan_.round);
@@ -380,7 +391,18 @@ AgentState Agent::finish(AgentState final_state) {
   } catch (const Error&) {
     // the store is gone already: nothing left to wait for
   }
+  linger_metrics();
   return final_state;
+}
+
+// --metrics-linger: the final values stay up for a last scrape; a signal to
+// the agent ends the wait.
+void Agent::linger_metrics() {
+  if (!metrics_ || options_.metrics_linger_s <= 0) return;
+  console_.say(fmt::format("serving the final values on /metrics for {} s more (--metrics-linger)",
+                           options_.metrics_linger_s));
+  const auto until = Clock::now() + ms(options_.metrics_linger_s);
+  while (Clock::now() < until && g_signal.load() == 0) std::this_thread::sleep_for(milliseconds(50));
 }
 
 void Agent::print_summary() const {

@@ -64,6 +64,7 @@ class Agent {
   std::optional<RoundEnd> check_hang();
   // --metrics-port: the workers' snapshots into /metrics (throws CommError).
   void collect_metrics();
+  void linger_metrics();
   // The ranks' trace files of the round into one (docs/observability.md).
   void merge_traces();
   std::optional<RoundEnd> on_worker_exits(const std::vector<WorkerExit>& exits);
@@ -87,6 +88,7 @@ class Agent {
   RoundEnd end_;                    // why the current round ended
   std::vector<RoundEnd> failures_;  // every failed round, in order
   int restarts_ = 0;
+  int master_port_ = 0;             // the workers' MASTER_PORT in this round
   bool first_round_ = true;
   int exit_code_ = 0;
 };

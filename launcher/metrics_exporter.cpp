@@ -80,6 +80,11 @@ void MetricsExporter::set_peak_flops(double peak_flops_per_worker) {
   job_.peak_flops_per_worker = peak_flops_per_worker;
 }
 
+void MetricsExporter::set_run_id(const std::string& run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_.run_id = run_id;
+}
+
 std::string MetricsExporter::render() {
   JobMetrics job;
   {

@@ -43,6 +43,8 @@ class MetricsExporter {
   std::string render();
   // One worker's peak FLOP/s (the GPU's or the CPU's): with it the page has dtrain_mfu.
   void set_peak_flops(double peak_flops_per_worker);
+  // The run id every series is labelled with (run_id="...").
+  void set_run_id(const std::string& run_id);
 
  private:
   void name_stragglers(const telemetry::JobMetrics& job);

@@ -1,16 +1,24 @@
 #include "launcher/options.h"
 
 #include <charconv>
+#include <filesystem>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cluster/devices.h"
 #include "cluster/hostlist.h"
 #include "cluster/slurm_store.h"
+#include "core/command_line.h"
 #include "core/error.h"
 
 namespace dtrain::launcher {
 namespace {
+
+// torchrun's defaults for the half of --master-addr/--master-port not given.
+constexpr const char* kMasterAddr = "127.0.0.1";
+constexpr int kMasterPort = 29500;
 
 const std::string* find(const cluster::EnvMap& env, const std::string& name) {
   const auto it = env.find(name);
@@ -24,6 +32,119 @@ int parse_int(const std::string& what, const std::string& text) {
     throw Error(fmt::format("{}='{}' is not an integer", what, text));
   }
   return value;
+}
+
+// What the command line says before it becomes LaunchOptions.
+struct RawArgs {
+  std::string nnodes, endpoint, master_addr;
+  int node_rank = -1;
+  int master_port = 0;
+  bool no_python = false;
+  bool module = false;
+};
+
+// The usage line names the program, which CLI11 cannot know about.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* /*app*/, std::string name) const override {
+    return fmt::format("Usage: {} [OPTIONS] [--] PROGRAM [ARGS...]\n", name);
+  }
+};
+
+void add_options(CLI::App& app, LaunchOptions& o, RawArgs& raw) {
+  app.formatter(std::make_shared<HelpFormatter>());
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", version_text("dtrain-launch"));
+  app.add_flag("--standalone", o.standalone, "one node: host the store on a free loopback port");
+  app.add_option("--nnodes", raw.nnodes, "nodes: N, or MIN:MAX for an elastic job")->default_str("1");
+  app.add_option("--node-rank,--node_rank", raw.node_rank, "this node's rank (0 hosts the store)")
+      ->default_str("arrival order");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", raw.endpoint, "HOST:PORT of the rendezvous store")
+      ->default_str("none");
+  app.add_option("--master-addr,--master_addr", raw.master_addr,
+                 "torchrun's spelling of the endpoint's host (with --master-port: HOST:PORT)")
+      ->default_str(kMasterAddr);
+  app.add_option("--master-port,--master_port", raw.master_port, "torchrun's spelling of the endpoint's port")
+      ->default_str(std::to_string(kMasterPort));
+  app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the run id every agent of the job shares")
+      ->default_str("$SLURM_JOB_ID, else dtrain");
+  app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_spec,
+                 "workers on this node: N, auto (the GPUs, else the CPUs), cpu or gpu");
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restarts of the whole job after failures");
+  app.add_flag("--no-python,--no_python", raw.no_python, "run a .py PROGRAM as it is, not under python3 -u");
+  app.add_flag("-m,--module", raw.module, "PROGRAM is a Python module: run python3 -u -m PROGRAM");
+  app.add_option("--monitor-interval", o.monitor_interval_s, "seconds between health checks");
+  app.add_option("--hang-timeout", o.hang_timeout_s, "seconds without progress before a hang (0: off)");
+  app.add_option("--stop-timeout", o.stop_timeout_s, "seconds between SIGTERM and SIGKILL when stopping");
+  app.add_option("--rdzv-timeout", o.rdzv_timeout_s, "seconds to wait for the nodes of a round");
+  app.add_option("--rdzv-last-call", o.last_call_s, "elastic: seconds to wait for more nodes once MIN joined");
+  app.add_option("--log-dir", o.log_dir, "where rank_K.log files go");
+  app.add_option("--metrics-port", o.metrics_port, "serve Prometheus /metrics on this port (0: off)");
+  app.add_option("--metrics-host", o.metrics_host, "the address /metrics listens on");
+  app.add_option("--metrics-linger", o.metrics_linger_s, "seconds /metrics keeps serving the final values after the job")
+      ->check(at_least(0));
+  app.add_option("--peak-flops", o.peak_flops, "one worker's peak FLOP/s (e.g. 989e12): /metrics then has dtrain_mfu")
+      ->check(at_least(0));
+}
+
+// Splits args (argv[0] first) into the launcher's part and the program's:
+// the program starts after "--" or at the first argument that is neither an
+// option of `app` nor an option's value. An unknown option is an error here,
+// so it is never run as the program.
+std::vector<std::string> split_program(const CLI::App& app, const std::vector<std::string>& args,
+                                       std::vector<std::string>& launcher_args) {
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") return {args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end()};
+    if (a.size() < 2 || a[0] != '-') return {args.begin() + static_cast<std::ptrdiff_t>(i), args.end()};
+    const std::string name = a.substr(0, a.find('='));
+    const CLI::Option* opt = app.get_option_no_throw(name);
+    if (opt == nullptr) {
+      throw Error(fmt::format("unknown option '{}' before the program: put the program's own options after it "
+                              "(dtrain-launch [OPTIONS] [--] PROGRAM [ARGS...]; see dtrain-launch --help)",
+                              name));
+    }
+    launcher_args.push_back(a);
+    if (opt->get_expected_max() > 0 && name.size() == a.size() && i + 1 < args.size()) {
+      launcher_args.push_back(args[++i]);
+    }
+  }
+  return {};
+}
+
+// PROGRAM ARGS... as each worker executes it: a .py file (or, with --module,
+// a module) under `python3 -u`, as torchrun runs its workers.
+std::vector<std::string> worker_command(std::vector<std::string> program, const RawArgs& raw) {
+  if (raw.no_python && raw.module) {
+    throw Error("--no-python and --module contradict each other: a module needs python3; drop one");
+  }
+  if (program.empty()) return program;
+  const bool py = std::filesystem::path(program.front()).extension() == ".py";
+  if (raw.module) {
+    program.insert(program.begin(), {"python3", "-u", "-m"});
+  } else if (py && !raw.no_python) {
+    program.insert(program.begin(), {"python3", "-u"});
+  }
+  return program;
+}
+
+// --rdzv-endpoint, or torchrun's --master-addr/--master-port for it.
+void set_endpoint(LaunchOptions& o, const RawArgs& raw) {
+  const bool master = !raw.master_addr.empty() || raw.master_port != 0;
+  if (master && !raw.endpoint.empty()) {
+    throw Error("--rdzv-endpoint and --master-addr/--master-port both name the rendezvous endpoint: give one");
+  }
+  std::string endpoint = raw.endpoint;
+  if (master) {
+    const std::string host = raw.master_addr.empty() ? kMasterAddr : raw.master_addr;
+    const int port = raw.master_port != 0 ? raw.master_port : kMasterPort;
+    endpoint = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
+                                                   : fmt::format("{}:{}", host, port);
+  }
+  if (endpoint.empty()) return;
+  const cluster::HostPort hp = cluster::parse_host_port(endpoint, master ? "--master-addr:--master-port" : "--rdzv-endpoint");
+  o.endpoint_host = hp.host;
+  o.endpoint_port = hp.port;
 }
 
 // srun --ntasks-per-node=1 dtrain-launch ...: one agent per node of the job.
@@ -93,55 +214,74 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   }
 }
 
-LaunchOptions parse_command_line(const std::vector<std::string>& args, std::string* help) {
+LaunchOptions parse_command_line(const std::vector<std::string>& args, std::string* message) {
   LaunchOptions o;
-  std::string nnodes, endpoint;
-  int node_rank = -1;
-  CLI::App app{"dtrain-launch: start, supervise and restart the workers of a dtrain job on this node"};
-  app.prefix_command();  // everything from the first positional (or after --) is the program
-  app.add_flag("--standalone", o.standalone, "one node: host the store on a free loopback port");
-  app.add_option("--nnodes", nnodes, "nodes: N, or MIN:MAX for an elastic job");
-  app.add_option("--node-rank", node_rank, "this node's rank (0 hosts the store)");
-  app.add_option("--rdzv-endpoint", endpoint, "HOST:PORT of the rendezvous store");
-  app.add_option("--rdzv-id", o.run_id, "the run id every agent of the job shares");
-  app.add_option("--nproc-per-node", o.nproc_per_node, "workers on this node");
-  app.add_option("--max-restarts", o.max_restarts, "restarts of the whole job after failures");
-  app.add_option("--monitor-interval", o.monitor_interval_s, "seconds between health checks");
-  app.add_option("--hang-timeout", o.hang_timeout_s, "seconds without progress before a hang (0: off)");
-  app.add_option("--stop-timeout", o.stop_timeout_s, "seconds between SIGTERM and SIGKILL when stopping");
-  app.add_option("--rdzv-timeout", o.rdzv_timeout_s, "seconds to wait for the nodes of a round");
-  app.add_option("--rdzv-last-call", o.last_call_s, "elastic: seconds to wait for more nodes once MIN joined");
-  app.add_option("--log-dir", o.log_dir, "where rank_K.log files go");
-  app.add_option("--metrics-port", o.metrics_port, "serve Prometheus /metrics on this port (0: off)");
-  app.add_option("--metrics-host", o.metrics_host, "the address /metrics listens on (default 127.0.0.1)");
-  app.add_option("--peak-flops", o.peak_flops, "one worker's peak FLOP/s (e.g. 989e12): /metrics then has dtrain_mfu")
-      ->check(CLI::NonNegativeNumber);
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
+  RawArgs raw;
+  CLI::App app{"dtrain-launch: start, supervise and restart the workers of a job on this node (torchrun's "
+               "flags and worker environment included)",
+               "dtrain-launch"};
+  add_options(app, o, raw);
+  std::vector<std::string> launcher_args = {args.empty() ? "dtrain-launch" : args.front()};
+  std::vector<std::string> program;
   try {
+    program = split_program(app, args, launcher_args);
+    std::vector<const char*> argv;
+    for (const auto& a : launcher_args) argv.push_back(a.c_str());
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::CallForHelp&) {
-    if (help != nullptr) *help = app.help();
+    if (message != nullptr) *message = app.help();
+    return o;
+  } catch (const CLI::CallForVersion& e) {
+    if (message != nullptr) *message = std::string(e.what()) + "\n";
     return o;
   } catch (const CLI::ParseError& e) {
     throw Error(fmt::format("{} (see dtrain-launch --help)", e.what()));
   }
-  o.command = app.remaining();
-  if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
-  if (!nnodes.empty()) std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(nnodes);
-  if (node_rank >= 0) o.node_rank = node_rank;
-  if (!endpoint.empty()) {
-    const cluster::HostPort hp = cluster::parse_host_port(endpoint, "--rdzv-endpoint");
-    o.endpoint_host = hp.host;
-    o.endpoint_port = hp.port;
-  }
-  if (o.standalone && (!nnodes.empty() || !endpoint.empty() || o.node_rank)) {
-    throw Error("--standalone runs one node with its own store: drop --nnodes, --node-rank and --rdzv-endpoint");
+  o.command = worker_command(std::move(program), raw);
+  if (!raw.nnodes.empty()) std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(raw.nnodes);
+  if (raw.node_rank >= 0) o.node_rank = raw.node_rank;
+  set_endpoint(o, raw);
+  if (o.standalone && (!raw.nnodes.empty() || !o.endpoint_host.empty() || o.node_rank)) {
+    throw Error("--standalone runs one node with its own store: drop --nnodes, --node-rank, --rdzv-endpoint "
+                "and --master-addr/--master-port");
   }
   return o;
 }
 
-void resolve_options(LaunchOptions& o, const cluster::EnvMap& env) {
+NodeResources detect_node_resources(const cluster::EnvMap& env) {
+  NodeResources node;
+  node.cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (const auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end()) {
+    node.gpus = cluster::count_devices(it->second);
+    return node;
+  }
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    (void)entry;
+    ++node.gpus;
+  }
+  return node;
+}
+
+int resolve_nproc_per_node(const std::string& spec, const NodeResources& node) {
+  if (spec == "cpu") return node.cpus;
+  if (spec == "auto") return node.gpus > 0 ? node.gpus : node.cpus;
+  if (spec == "gpu") {
+    if (node.gpus == 0) {
+      throw Error("--nproc-per-node gpu: no GPU is visible here (CUDA_VISIBLE_DEVICES or the NVIDIA driver); "
+                  "give a number, or cpu");
+    }
+    return node.gpus;
+  }
+  try {
+    return parse_int("--nproc-per-node", spec);
+  } catch (const Error&) {
+    throw Error(fmt::format("--nproc-per-node '{}' is none of N, auto, cpu or gpu", spec));
+  }
+}
+
+void resolve_options(LaunchOptions& o, const cluster::EnvMap& env, const NodeResources& node) {
+  o.nproc_per_node = resolve_nproc_per_node(o.nproc_spec, node);
   const bool given = o.standalone || !o.endpoint_host.empty();
   if (!given && find(env, "SLURM_JOB_ID") != nullptr) resolve_from_slurm(o, env);
   if (!o.standalone && o.endpoint_host.empty()) {

@@ -169,4 +169,19 @@ std::int64_t Rendezvous::succeeded(int round) { return store_->add(key(round, "s
 std::int64_t Rendezvous::mark_left(int round) { return store_->add(key(round, "left"), 1); }
 std::int64_t Rendezvous::left(int round) { return store_->add(key(round, "left"), 0); }
 
+int Rendezvous::master_port(const RoundPlan& plan, const std::function<int()>& pick) {
+  const std::string k = key(plan.round, "master_port");
+  if (plan.node_rank == 0) {
+    const int port = pick();
+    store_->set(k, to_bytes(std::to_string(port)));
+    return port;
+  }
+  try {
+    return std::stoi(to_string(store_->get(k, options_.timeout)));
+  } catch (const TimeoutError&) {
+    throw TimeoutError(fmt::format("round {}: node rank 0 never published the workers' MASTER_PORT within the "
+                                   "rendezvous timeout; is its agent alive?", plan.round));
+  }
+}
+
 }  // namespace dtrain::launcher

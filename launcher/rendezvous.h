@@ -11,6 +11,7 @@
 //   r<R>/end          why the round ended; the first writer wins (see RoundEnd)
 //   r<R>/succeeded    agents whose workers all exited 0
 //   r<R>/left         agents that saw the job end (the host waits for them before closing the store)
+//   r<R>/master_port  the workers' MASTER_PORT (PyTorch's own store), chosen by node rank 0
 //
 // A round closes when MAX agents joined, or (elastic) when MIN joined and
 // --rdzv-last-call passed without more. Node ranks: the store's host first,
@@ -93,6 +94,11 @@ class Rendezvous {
   std::int64_t succeeded(int round);
   std::int64_t mark_left(int round);
   std::int64_t left(int round);
+
+  // The workers' MASTER_PORT in the plan's round: node rank 0 sets it to
+  // pick() (a free port on its host), the others wait for it (within the
+  // rendezvous timeout: TimeoutError).
+  int master_port(const RoundPlan& plan, const std::function<int()>& pick);
 
  private:
   int current_round();

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/syscall.h"
 
 namespace dtrain::launcher {
@@ -42,12 +43,12 @@ ExecImage make_image(const std::vector<std::string>& command, std::map<std::stri
   return image;
 }
 
-// A failure before exec ends the child with exit code 127, its reason
+// A failure before exec ends the child with exit code 127 (kExitNotExecutable), its reason
 // written to the rank's log (out_fd).
 [[noreturn]] void exec_child(const ExecImage& image, int out_fd, int null_fd, pid_t parent) {
   DTRAIN_SYSCALL_IN_CHILD(::setpgid(0, 0), out_fd);
   DTRAIN_SYSCALL_IN_CHILD(::prctl(PR_SET_PDEATHSIG, SIGKILL), out_fd);
-  if (::getppid() != parent) ::_exit(127);  // the agent died before prctl took effect
+  if (::getppid() != parent) ::_exit(kExitNotExecutable);  // the agent died before prctl took effect
   sigset_t none;
   sigemptyset(&none);
   DTRAIN_SYSCALL_IN_CHILD(::sigprocmask(SIG_SETMASK, &none, nullptr), out_fd);
@@ -56,7 +57,7 @@ ExecImage make_image(const std::vector<std::string>& command, std::map<std::stri
   DTRAIN_SYSCALL_IN_CHILD(::dup2(out_fd, 2), out_fd);
   ::execvpe(image.argv[0], image.argv.data(), image.envp.data());
   [[maybe_unused]] const ssize_t n = ::write(2, image.failure.data(), image.failure.size());
-  ::_exit(127);
+  ::_exit(kExitNotExecutable);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # scripts/plot.sh RUN_DIR: draws RUN_DIR/metrics.jsonl with gnuplot (Debian
 # package gnuplot-nox) into RUN_DIR/plots/: loss.png (training loss, and the
-# eval loss), eval.png (eval accuracy for a classifier, perplexity for an LM)
-# and tokens_per_s.png, each over steps. Exit 2 on usage errors or when
-# gnuplot is missing.
+# eval loss), eval.png (eval accuracy for a classifier, perplexity for an LM),
+# lr.png (learning rate), grad_norm.png (gradient norm before clipping) and
+# the throughput from 0 up: tokens_per_s.png for an LM, samples_per_s.png for
+# a classifier (tokens/s over the sequence length of RUN_DIR/config.json),
+# each over steps. Exit 2 on usage errors or when gnuplot is missing.
 set -euo pipefail
 
 if [[ $# -ne 1 || ! -f "$1/metrics.jsonl" ]]; then
@@ -33,7 +35,7 @@ awk -v dir="$data" '
     next
   }
   /"event"/ { next }
-  { print field("step"), field("loss"), field("tokens_per_s") > (dir "/train.dat") }
+  { print field("step"), field("loss"), field("tokens_per_s"), field("lr"), field("grad_norm") > (dir "/train.dat") }
 ' "$run/metrics.jsonl"
 touch "$data/train.dat" "$data/eval.dat"
 if [[ ! -s "$data/train.dat" ]]; then
@@ -43,6 +45,29 @@ fi
 
 has_eval=$([[ -s "$data/eval.dat" ]] && echo 1 || echo 0)
 has_acc=$(awk '$3 != "NaN" { n++ } END { print (n > 0 ? 1 : 0) }' "$data/eval.dat")
+
+# A classifier's throughput in samples/s: one sample is seq tokens (the
+# resolved config's data.seq_len; Fashion-MNIST: (28 / model.patch_size)^2
+# patches). Without config.json the plot stays in tokens/s.
+seq=0
+if [[ -f "$run/config.json" ]]; then
+  seq=$(awk '
+    /^  "[a-z_]+": \{/ { section = $1; gsub(/[":]/, "", section) }
+    { gsub(/[",]/, "") }
+    section == "model" && $1 == "kind:" { model = $2 }
+    section == "model" && $1 == "patch_size:" { patch = $2 }
+    section == "data" && $1 == "kind:" { data = $2 }
+    section == "data" && $1 == "seq_len:" { len = $2 }
+    END {
+      if (model != "classifier") print 0
+      else if (data == "fashion_mnist" && patch > 0) print int(28 / patch) * int(28 / patch)
+      else print len + 0
+    }' "$run/config.json")
+fi
+throughput_col=3 throughput_unit="tokens/s" throughput_png="tokens_per_s.png"
+if [[ $seq -gt 0 ]]; then
+  throughput_col="(\$3 / $seq)" throughput_unit="samples/s" throughput_png="samples_per_s.png"
+fi
 
 gnuplot <<GNUPLOT
 set terminal pngcairo size 900,500 noenhanced
@@ -59,10 +84,22 @@ if ($has_eval) {
   plot "$data/train.dat" using 1:2 with lines title "train"
 }
 
-set output "$out/tokens_per_s.png"
+set output "$out/lr.png"
+set title "learning rate: $run"
+set ylabel "learning rate"
+plot "$data/train.dat" using 1:4 with lines title "lr"
+
+set output "$out/grad_norm.png"
+set title "gradient norm (before clipping): $run"
+set ylabel "gradient norm"
+plot "$data/train.dat" using 1:5 with lines title "grad norm"
+
+set output "$out/$throughput_png"
 set title "throughput: $run"
-set ylabel "tokens/s"
-plot "$data/train.dat" using 1:3 with lines title "tokens/s"
+set ylabel "$throughput_unit"
+set yrange [0:*]
+plot "$data/train.dat" using 1:$throughput_col with lines title "$throughput_unit"
+set autoscale y
 
 if ($has_eval) {
   set output "$out/eval.png"

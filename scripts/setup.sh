@@ -4,7 +4,8 @@
 # environment .venv/ (pinned: scripts/requirements-onnx.txt), which the ONNX
 # export's tests and benchmarks run models with. Idempotent: packages already
 # present are left as they are, and .venv is rebuilt only when the pins change.
-# Usage: scripts/setup.sh [--bench]   (--bench adds PyTorch for bench/ comparisons)
+# Usage: scripts/setup.sh [--bench]   (--bench adds what bench/'s PyTorch comparisons
+# need beyond the tests' PyTorch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,15 +20,16 @@ packages=(
   libonnx-dev
   # .venv/ for ONNX Runtime
   python3-venv
-  # tests: a real Slurm cluster (tests/cluster), network namespaces
-  slurm-wlm munge iproute2
+  # tests: a real Slurm cluster (tests/cluster), network namespaces, and PyTorch
+  # for dtrain-launch's torchrun contract (tests/integration/test_launch_torchrun.cpp)
+  slurm-wlm munge iproute2 python3-torch
   # data the examples train on
   dataset-fashion-mnist fortunes
   # scripts/plot.sh
   gnuplot-nox
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch libopenblas0-pthread)
+  packages+=(libopenblas0-pthread)
 fi
 
 SUDO=""

@@ -16,13 +16,28 @@ std::string value(double v) {
   return fmt::format("{}", v);
 }
 
+// A label value as the exposition format quotes it.
+std::string escape_label(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c == '\n' ? std::string("\\n") : std::string(1, c);
+  }
+  return out;
+}
+
 class Page {
  public:
+  // `run_id` labels every sample of the page ("": none).
+  explicit Page(const std::string& run_id)
+      : run_label_(run_id.empty() ? "" : fmt::format("run_id=\"{}\"", escape_label(run_id))) {}
+
   void family(const char* name, const char* type, const char* help) {
     out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
   }
   void sample(const char* name, const std::string& labels, double v) {
-    out_ += labels.empty() ? fmt::format("{} {}\n", name, value(v)) : fmt::format("{}{{{}}} {}\n", name, labels, value(v));
+    const std::string all = run_label_.empty() || labels.empty() ? run_label_ + labels : run_label_ + "," + labels;
+    out_ += all.empty() ? fmt::format("{} {}\n", name, value(v)) : fmt::format("{}{{{}}} {}\n", name, all, value(v));
   }
   // One family with one sample per rank that has a snapshot.
   void per_rank(const JobMetrics& job, const char* name, const char* type, const char* help,
@@ -48,6 +63,7 @@ class Page {
   std::string take() { return std::move(out_); }
 
  private:
+  std::string run_label_;
   std::string out_;
 };
 
@@ -81,6 +97,18 @@ void render_training(Page& p, const JobMetrics& job) {
   p.sample("dtrain_loss", "", lead->loss);
   p.family("dtrain_learning_rate", "gauge", "Learning rate of the last step.");
   p.sample("dtrain_learning_rate", "", lead->lr);
+  p.family("dtrain_grad_norm", "gauge", "Global gradient norm of the last step, before clipping.");
+  p.sample("dtrain_grad_norm", "", lead->grad_norm);
+  p.family("dtrain_tokens_total", "counter", "Training tokens of the whole job (every rank's) since the workers started.");
+  p.sample("dtrain_tokens_total", "", static_cast<double>(lead->tokens));
+  if (lead->eval_loss) {
+    p.family("dtrain_eval_loss", "gauge", "Loss on the held-out data at the last evaluation.");
+    p.sample("dtrain_eval_loss", "", *lead->eval_loss);
+  }
+  if (lead->eval_accuracy) {
+    p.family("dtrain_eval_accuracy", "gauge", "Classifier accuracy on the held-out data at the last evaluation.");
+    p.sample("dtrain_eval_accuracy", "", *lead->eval_accuracy);
+  }
   p.family("dtrain_tokens_per_second", "gauge", "Training tokens per second of the whole job.");
   p.sample("dtrain_tokens_per_second", "", lead->tokens_per_s);
   p.family("dtrain_step_seconds", "gauge", "Wall time of the last step.");
@@ -109,6 +137,8 @@ void render_ranks(Page& p, const JobMetrics& job) {
              [&](const RankSnapshot& r) { return std::count(slow.begin(), slow.end(), r.rank) > 0 ? 1.0 : 0.0; });
   p.family("dtrain_stragglers", "gauge", "Ranks currently named stragglers.");
   p.sample("dtrain_stragglers", "", static_cast<double>(slow.size()));
+  p.per_rank(job, "dtrain_rank_peak_rss_bytes", "gauge", "Peak resident set size of the rank's process.",
+             [](const RankSnapshot& r) { return static_cast<double>(r.peak_rss_bytes); });
   p.per_rank(job, "dtrain_data_wait_seconds_total", "counter", "Seconds the training thread waited for batches.",
              [](const RankSnapshot& r) { return r.data_wait_seconds; });
   p.per_rank(job, "dtrain_checkpoint_saves_total", "counter", "Checkpoints this rank saved.",
@@ -144,7 +174,7 @@ void render_collectives(Page& p, const JobMetrics& job) {
                    Get([&](const RankSnapshot& r, comm::OpKind k) -> std::optional<double> {
                      const CollectiveTotals& c = r.collective(k);
                      const double factor = comm::bus_factor(k, r.world);
-                     if (c.count == 0 || c.seconds <= 0.0 || factor == 0.0) return std::nullopt;
+                     if (r.world < 2 || c.count == 0 || c.seconds <= 0.0 || factor == 0.0) return std::nullopt;
                      return static_cast<double>(c.bytes) / c.seconds * factor;
                    }));
 }
@@ -168,7 +198,7 @@ std::vector<int> find_stragglers(const std::vector<std::optional<RankSnapshot>>&
 }
 
 std::string render_prometheus(const JobMetrics& job) {
-  Page page;
+  Page page(job.run_id);
   render_job(page, job);
   render_training(page, job);
   render_ranks(page, job);

@@ -1,8 +1,10 @@
 // The job's metrics in the Prometheus text exposition format (version
 // 0.0.4): every family has HELP and TYPE lines, names start with dtrain_,
 // units are base units in the name (_seconds, _bytes), counters end in
-// _total, per-rank series carry rank="K" and per-collective ones
-// kind="allreduce" (docs/observability.md lists them).
+// _total, every series carries run_id="ID" (when the run has one), per-rank
+// series rank="K" and per-collective ones kind="allreduce"
+// (docs/observability.md lists them). A world of one reports no bus
+// bandwidth: its collectives move nothing.
 //
 // Stragglers: a rank whose compute time per step exceeds kStragglerFactor
 // times the median over the ranks that reported one (for an even number, the
@@ -22,6 +24,7 @@ namespace dtrain::telemetry {
 inline constexpr double kStragglerFactor = 1.5;
 
 struct JobMetrics {
+  std::string run_id;          // the run_id label; "" leaves it out
   int world_size = 0;
   int round = 0;
   int restarts = 0;            // restarts of the job so far

@@ -33,6 +33,11 @@ bool parse_field(std::string_view key, std::string_view value, RankSnapshot& s, 
   if (key == "ckpt_saves") return parse_number(value, s.checkpoint_saves);
   if (key == "ckpt_save_s") return parse_number(value, s.checkpoint_save_seconds);
   if (key == "ckpt_blocked_s") return parse_number(value, s.checkpoint_blocked_seconds);
+  if (key == "grad_norm") return parse_number(value, s.grad_norm);
+  if (key == "tokens") return parse_number(value, s.tokens);
+  if (key == "peak_rss") return parse_number(value, s.peak_rss_bytes);
+  if (key == "eval_loss") return parse_number(value, s.eval_loss.emplace());
+  if (key == "eval_accuracy") return parse_number(value, s.eval_accuracy.emplace());
   for (const comm::OpKind kind : comm::kOpKinds) {
     if (key == comm::op_kind_name(kind)) return parse_collective(value, s.collective(kind));
   }
@@ -44,10 +49,12 @@ bool parse_field(std::string_view key, std::string_view value, RankSnapshot& s, 
 std::string encode_snapshot(const RankSnapshot& s) {
   std::string out = fmt::format(
       "v=1 pub={} rank={} world={} step={} loss={} lr={} tokens_per_s={} step_s={} compute_s={} flops_per_s={} "
-      "data_wait_s={} ckpt_saves={} ckpt_save_s={} ckpt_blocked_s={}",
+      "data_wait_s={} ckpt_saves={} ckpt_save_s={} ckpt_blocked_s={} grad_norm={} tokens={} peak_rss={}",
       s.publication, s.rank, s.world, s.step, s.loss, s.lr, s.tokens_per_s, s.step_seconds, s.compute_seconds,
       s.flops_per_s, s.data_wait_seconds, s.checkpoint_saves, s.checkpoint_save_seconds,
-      s.checkpoint_blocked_seconds);
+      s.checkpoint_blocked_seconds, s.grad_norm, s.tokens, s.peak_rss_bytes);
+  if (s.eval_loss) out += fmt::format(" eval_loss={}", *s.eval_loss);
+  if (s.eval_accuracy) out += fmt::format(" eval_accuracy={}", *s.eval_accuracy);
   for (const comm::OpKind kind : comm::kOpKinds) {
     const CollectiveTotals& c = s.collective(kind);
     out += fmt::format(" {}={},{},{}", comm::op_kind_name(kind), c.count, c.bytes, c.seconds);

@@ -5,7 +5,8 @@
 //
 //   v=1 pub=N rank=K world=W step=S loss=L lr=X tokens_per_s=T step_s=D
 //   compute_s=C flops_per_s=F data_wait_s=A ckpt_saves=N ckpt_save_s=B
-//   ckpt_blocked_s=Z allreduce=count,bytes,seconds reduce_scatter=...
+//   ckpt_blocked_s=Z grad_norm=G tokens=M peak_rss=R [eval_loss=E]
+//   [eval_accuracy=Q] allreduce=count,bytes,seconds reduce_scatter=...
 //   allgather=... broadcast=... barrier=...
 //
 //   pub          grows with every publication (freshness)
@@ -15,6 +16,11 @@
 //                publication: what names a straggler, since in synchronous
 //                data parallelism every rank's wall step time is the same
 //   data_wait_s  total seconds the training thread waited for batches
+//   grad_norm    the last step's global gradient norm (before clipping)
+//   tokens       the job's tokens (every rank's) over the steps this process ran
+//   peak_rss     this rank's peak resident set size, bytes
+//   eval_loss, eval_accuracy  the last evaluation's (absent before the first;
+//                accuracy only for a classifier)
 //   <kind>=...   the communicator's totals per collective kind, one field
 //                per comm::kOpKinds named by comm::op_kind_name
 //                (comm/op_stats.h: nccl-tests' bytes)
@@ -56,6 +62,11 @@ struct RankSnapshot {
   std::int64_t checkpoint_saves = 0;
   double checkpoint_save_seconds = 0.0;     // the last save's write time on this rank
   double checkpoint_blocked_seconds = 0.0;  // the last save's time the training thread waited
+  double grad_norm = 0.0;
+  std::int64_t tokens = 0;       // the job's tokens over this process's steps
+  std::int64_t peak_rss_bytes = 0;
+  std::optional<double> eval_loss;
+  std::optional<double> eval_accuracy;
   std::array<CollectiveTotals, comm::kOpKinds.size()> collectives{};  // index: comm::OpKind
 
   CollectiveTotals& collective(comm::OpKind kind) { return collectives[static_cast<std::size_t>(kind)]; }

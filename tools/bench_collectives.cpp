@@ -185,7 +185,7 @@ class CollectiveBench {
 std::string reproduce_command(const CollectiveBenchOptions& o, const cluster::Environment& env,
                               const std::string& backend) {
   std::string prefix;
-  if (env.store && env.starter != cluster::Starter::launcher) {
+  if (env.store && env.starter != cluster::Starter::launcher && env.starter != cluster::Starter::torchrun) {
     prefix = fmt::format("DTRAIN_STORE={} ", *env.store);
   }
   switch (env.starter) {
@@ -198,6 +198,10 @@ std::string reproduce_command(const CollectiveBenchOptions& o, const cluster::En
       prefix += fmt::format("dtrain-launch --nnodes {} --nproc-per-node {} -- ",
                             env.world_size / std::max(env.local_world_size, 1),
                             env.local_world_size);
+      break;
+    case cluster::Starter::torchrun:
+      prefix += fmt::format("torchrun --no-python --nnodes {} --nproc-per-node {} ",
+                            env.world_size / std::max(env.local_world_size, 1), env.local_world_size);
       break;
     case cluster::Starter::single: break;
   }

@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/command_line.h"
 #include "core/error.h"
 #include "core/process.h"
 #include "tools/bench_collectives.h"
@@ -24,10 +25,10 @@ using dtrain::tools::CollectiveBenchOptions;
 CLI::App* add_train_command(CLI::App& app, dtrain::tools::TrainBenchOptions& train) {
   CLI::App* cmd = app.add_subcommand("train", "steady-state training throughput and MFU (one or more ranks)");
   cmd->add_option("--config", train.config_path, "training config (JSON)")->required();
-  cmd->add_option("--steps", train.steps, "timed steps")->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", train.steps, "timed steps")->check(dtrain::at_least(1));
   cmd->add_option("--warmup", train.warmup, "untimed steps first");
   cmd->add_option("--peak-seconds", train.peak_seconds, "time spent measuring the GEMM peak")
-      ->check(CLI::PositiveNumber);
+      ->check(dtrain::more_than(0));
   cmd->add_option("--peak-flops", train.peak_flops,
                   "device cuda: the GPU's peak FLOP/s for MFU (default: H100/H200 dense, 989e12 bf16/fp16, 67e12 fp32)");
   cmd->add_option("--set", train.overrides, "override a config field")->take_all();
@@ -47,16 +48,16 @@ CLI::App* add_collective_command(CLI::App& app, const char* name, const char* de
   cmd->add_option("--step-factor", o.step_factor, "size multiplier between rows")
       ->capture_default_str();
   cmd->add_option("--iters", o.iters, "timed operations per size")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(dtrain::at_least(1))->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "untimed operations per size first")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(dtrain::at_least(0))->capture_default_str();
   cmd->add_option("--dtype", o.dtype, "f32 | bf16 | f16")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   cmd->add_option("--op", o.op, "sum | avg | max (reductions only)")
       ->check(CLI::IsMember({"sum", "avg", "max"}))->capture_default_str();
   cmd->add_option("--root", o.root, "broadcast root rank")->capture_default_str();
   cmd->add_option("--timeout-s", o.timeout_s, "per operation and for rendezvous")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(dtrain::at_least(1))->capture_default_str();
   return cmd;
 }
 
@@ -66,11 +67,11 @@ CLI::App* add_checkpoint_command(CLI::App& app, dtrain::tools::CheckpointBenchOp
   CLI::App* cmd = app.add_subcommand("checkpoint", "checkpoint save/load throughput vs plain write/read; async blocking");
   cmd->add_option("--config", o.config_path, "training config (JSON)")->required();
   cmd->add_option("--dir", o.dir, "write under this directory (default: the temporary directory)");
-  cmd->add_option("--repeats", o.repeats, "rounds; figures are medians")->check(CLI::PositiveNumber)
+  cmd->add_option("--repeats", o.repeats, "rounds; figures are medians")->check(dtrain::at_least(1))
       ->capture_default_str();
   cmd->add_option("--settle", o.settle_s,
                   "seconds to let the storage settle (after a sync) before every timed operation")
-      ->check(CLI::NonNegativeNumber)
+      ->check(dtrain::at_least(0))
       ->capture_default_str();
   cmd->add_option("--set", o.overrides, "override a config field")->take_all();
   return cmd;
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
                              collective),
       add_collective_command(app, "allgather", "allgather bandwidth and correctness", collective),
       add_collective_command(app, "broadcast", "broadcast bandwidth and correctness", collective)};
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-bench")) return *code;
   try {
     dtrain::configure_malloc_for_training();  // before any benchmark allocates
     if (train_cmd->parsed()) return dtrain::tools::run_train_bench(train);

@@ -114,10 +114,11 @@ std::string reproduce_command(const TrainBenchOptions& o, const World& w) {
     if (w.env.store) prefix += fmt::format("-x DTRAIN_STORE={} ", *w.env.store);
   } else if (w.env.starter == cluster::Starter::slurm) {
     prefix += fmt::format("srun -n {} ", w.env.world_size);
-  } else if (w.env.starter == cluster::Starter::launcher) {
-    prefix += fmt::format("dtrain-launch --nnodes {} --nproc-per-node {} -- ",
-                          w.env.world_size / std::max(w.env.local_world_size, 1),
-                          w.env.local_world_size);
+  } else if (w.env.starter == cluster::Starter::launcher || w.env.starter == cluster::Starter::torchrun) {
+    const bool launcher = w.env.starter == cluster::Starter::launcher;
+    prefix += fmt::format("{} --nnodes {} --nproc-per-node {} {}", launcher ? "dtrain-launch" : "torchrun --no-python",
+                          w.env.world_size / std::max(w.env.local_world_size, 1), w.env.local_world_size,
+                          launcher ? "-- " : "");
   }
   std::string cmd = fmt::format("{}dtrain-bench train --config {} --steps {}", prefix,
                                 o.config_path, o.steps);

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/command_line.h"
 #include "core/error.h"
 #include "tools/ckpt_commands.h"
 
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   exporter->add_option("--quantize", export_options.quantize, "int8: dynamic quantization of every Linear (onnx, triton)");
   exporter->add_option("--name", export_options.name, "triton: the model's name (default dtrain_<kind>[_int8])");
   exporter->add_option("--max-batch", export_options.max_batch, "triton: max_batch_size (default 32)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-ckpt")) return *code;
   try {
     if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);
     if (verify->parsed()) return dtrain::tools::run_ckpt_verify(verify_dir, std::cout);

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "core/command_line.h"
 #include "core/error.h"
 #include "tools/generate.h"
 
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "the same seed gives the same text")->capture_default_str();
   app.add_flag("--recompute", o.recompute, "recompute the whole prefix for each token (no cache; for comparison)");
   app.add_flag("--stats", stats, "print the time and tokens/s on stderr");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-generate")) return *code;
   try {
     const dtrain::tools::Generated g = dtrain::tools::generate(o);
     if (g.text) std::cout << std::string(g.prompt.begin(), g.prompt.end());

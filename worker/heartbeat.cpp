@@ -93,7 +93,8 @@ std::string Heartbeat::text() {
 void Heartbeat::run() {
   bool warned = false;
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
+  for (;;) {
+    const bool last = stopping_;  // one more publication after the stop: the final figures
     std::function<std::string()> metrics = metrics_source_;
     lock.unlock();
     ++beat_;
@@ -105,6 +106,7 @@ void Heartbeat::run() {
       warned = true;
     }
     lock.lock();
+    if (last) return;
     wake_.wait_for(lock, interval_, [this] { return stopping_; });
   }
 }

@@ -11,8 +11,9 @@
 // rendezvous) does not hold it up; failures to publish are reported once
 // and never stop training.
 //
-// Threading: set_* may be called from any thread; the destructor stops and
-// joins the thread (within one store round trip).
+// Threading: set_* may be called from any thread; the destructor publishes
+// once more (the final figures, for dtrain-launch's /metrics) and joins the
+// thread (within one store round trip).
 #pragma once
 
 #include <atomic>

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <thread>
 #include <iostream>
 #include <string>
@@ -14,7 +15,9 @@
 
 #include "cluster/environment.h"
 #include "comm/connect.h"
+#include "core/command_line.h"
 #include "core/error.h"
+#include "core/exit_codes.h"
 #include "core/process.h"
 #include "telemetry/metrics_http.h"
 #include "telemetry/metrics_render.h"
@@ -56,6 +59,7 @@ std::unique_ptr<dtrain::telemetry::MetricsServer> serve_metrics(const std::strin
   if (port <= 0 || !live) return nullptr;
   auto server = std::make_unique<dtrain::telemetry::MetricsServer>(host, port + env.local_rank, [live, env] {
     dtrain::telemetry::JobMetrics job;
+    job.run_id = env.run_id;
     job.world_size = env.world_size;
     job.round = env.restart;
     job.workers_up = 1;
@@ -71,8 +75,11 @@ std::unique_ptr<dtrain::telemetry::MetricsServer> serve_metrics(const std::strin
 
 // Ranks on one node split its cores unless OMP_NUM_THREADS says otherwise:
 // several full-size OpenMP teams on the same cores spin against each other.
+// dtrain-launch's torchrun-like OMP_NUM_THREADS=1 (DTRAIN_OMP_DEFAULTED) is
+// not the user's choice.
 void share_cores(const dtrain::cluster::Environment& env) {
-  if (std::getenv("OMP_NUM_THREADS") != nullptr || env.local_world_size <= 1) return;
+  const bool chosen = std::getenv("OMP_NUM_THREADS") != nullptr && std::getenv("DTRAIN_OMP_DEFAULTED") == nullptr;
+  if (chosen || env.local_world_size <= 1) return;
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   omp_set_num_threads(std::max(1, cores / env.local_world_size));
 }
@@ -148,6 +155,13 @@ std::shared_ptr<dtrain::worker::LiveMetrics> live_metrics(dtrain::worker::Heartb
   return live;
 }
 
+// Every step's gradient norm for /metrics (TrainerOptions::after_step).
+std::function<void(const dtrain::worker::StepResult&)> live_grad_norm(
+    const std::shared_ptr<dtrain::worker::LiveMetrics>& live) {
+  if (!live) return {};
+  return [live](const dtrain::worker::StepResult& r) { live->record_grad_norm(r.grad_norm); };
+}
+
 void print_start(const dtrain::config::Config& config, const dtrain::cluster::Environment& env,
                  const dtrain::comm::Communicator& comm) {
   std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
@@ -214,6 +228,7 @@ int train(const WorkerArgs& args) {
                                                                           ? dtrain::comm::cuda_device_for(env)
                                                                           : 0,
                                                        .ranks_on_node = env.local_world_size,
+                                                       .after_step = live_grad_norm(live),
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});
@@ -222,6 +237,7 @@ int train(const WorkerArgs& args) {
     return 0;
   }
   const dtrain::worker::TrainSummary summary = trainer.run();
+  if (live) live->set_communicator(nullptr);  // the heartbeat's last publication keeps the final totals
   publish_trace(trainer, store, env);
   if (rank0) print_end(summary);
   return 0;
@@ -229,8 +245,9 @@ int train(const WorkerArgs& args) {
 
 }  // namespace
 
-// Errors end the process with exit code 2 (3 for an unexpected one); a failed
-// collective may leave a comm thread that never returns, hence _Exit.
+// Exit codes (core/exit_codes.h): a usage error or a dtrain::Error 2, an
+// unexpected one 3; a failed collective may leave a comm thread that never
+// returns, hence _Exit.
 int main(int argc, char** argv) {
   try {
     dtrain::configure_malloc_for_training();
@@ -238,19 +255,19 @@ int main(int argc, char** argv) {
     CLI::App app{"dtrain-worker: one rank of a dtrain training job"};
     WorkerArgs args;
     add_options(app, args);
-    CLI11_PARSE(app, argc, argv);
+    if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-worker")) return *code;
     return train(args);
   } catch (const dtrain::TimeoutError& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << std::endl;
-    std::_Exit(2);  // the comm thread may be stuck inside a library call
+    std::_Exit(dtrain::kExitError);  // the comm thread may be stuck inside a library call
   } catch (const dtrain::CommError& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << std::endl;
-    std::_Exit(2);  // the comm thread may be stuck inside a library call
+    std::_Exit(dtrain::kExitError);  // the comm thread may be stuck inside a library call
   } catch (const dtrain::Error& e) {
     std::cerr << "dtrain-worker: error: " << e.what() << "\n";
-    return 2;
+    return dtrain::kExitError;
   } catch (const std::exception& e) {
     std::cerr << "dtrain-worker: unexpected error: " << e.what() << "\n";
-    return 3;
+    return dtrain::kExitUnexpected;
   }
 }

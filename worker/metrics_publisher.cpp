@@ -1,6 +1,9 @@
 #include "worker/metrics_publisher.h"
 
+#include <cmath>
+
 #include "comm/op_stats.h"
+#include "core/process.h"
 
 namespace dtrain::worker {
 namespace {
@@ -14,7 +17,17 @@ void add(std::atomic<double>& total, double v) {
 
 void LiveMetrics::set_communicator(const std::shared_ptr<comm::Communicator>& comm) {
   std::lock_guard<std::mutex> lock(mu_);
+  keep_collective_totals();
   comm_ = comm;
+}
+
+void LiveMetrics::keep_collective_totals() {
+  if (auto comm = comm_.lock()) {
+    for (const comm::OpKind kind : comm::kOpKinds) {
+      const comm::OpStats::Totals t = comm->op_stats().totals(kind);
+      last_collectives_[static_cast<std::size_t>(kind)] = {t.count, t.bytes, t.seconds};
+    }
+  }
 }
 
 void LiveMetrics::record_step(const StepFigures& f) {
@@ -25,8 +38,17 @@ void LiveMetrics::record_step(const StepFigures& f) {
   flops_.store(f.flops_per_s, std::memory_order_relaxed);
   add(compute_total_, f.compute_seconds);
   add(data_wait_total_, f.data_wait_seconds);
+  tokens_.fetch_add(std::llround(f.tokens_per_s * f.step_seconds), std::memory_order_relaxed);
   step_.store(f.step, std::memory_order_relaxed);
   steps_recorded_.fetch_add(1, std::memory_order_release);  // last: the figures above belong to it
+}
+
+void LiveMetrics::record_grad_norm(double norm) { grad_norm_.store(norm, std::memory_order_relaxed); }
+
+void LiveMetrics::record_eval(double loss, std::optional<double> accuracy) {
+  eval_loss_.store(loss, std::memory_order_relaxed);
+  eval_accuracy_.store(accuracy.value_or(-1.0), std::memory_order_relaxed);
+  evals_.fetch_add(1, std::memory_order_release);  // last: the figures above belong to it
 }
 
 void LiveMetrics::record_checkpoint(double write_seconds, double blocked_seconds) {
@@ -59,12 +81,16 @@ telemetry::RankSnapshot LiveMetrics::snapshot_fields() {
   s.checkpoint_saves = saves_.load(std::memory_order_relaxed);
   s.checkpoint_save_seconds = save_s_.load(std::memory_order_relaxed);
   s.checkpoint_blocked_seconds = blocked_s_.load(std::memory_order_relaxed);
-  if (auto comm = comm_.lock()) {
-    for (const comm::OpKind kind : comm::kOpKinds) {
-      const comm::OpStats::Totals t = comm->op_stats().totals(kind);
-      s.collective(kind) = {t.count, t.bytes, t.seconds};
-    }
+  s.grad_norm = grad_norm_.load(std::memory_order_relaxed);
+  s.tokens = tokens_.load(std::memory_order_relaxed);
+  s.peak_rss_bytes = peak_rss_bytes();
+  if (evals_.load(std::memory_order_acquire) > 0) {
+    s.eval_loss = eval_loss_.load(std::memory_order_relaxed);
+    const double accuracy = eval_accuracy_.load(std::memory_order_relaxed);
+    if (accuracy >= 0.0) s.eval_accuracy = accuracy;
   }
+  keep_collective_totals();
+  s.collectives = last_collectives_;
   return s;
 }
 

@@ -6,13 +6,17 @@
 // (dtrain-worker --metrics-port).
 //
 // Threading: record_* on the training thread only; snapshot() and
-// set_communicator() from any thread (serialised by a lock).
+// set_communicator() from any thread (serialised by a lock). The collective
+// totals outlive the communicator: a snapshot taken after it is gone (the
+// heartbeat's last publication) keeps the last totals seen.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -35,11 +39,17 @@ class LiveMetrics {
  public:
   LiveMetrics(int rank, int world_size) : rank_(rank), world_(world_size) {}
 
-  // The collective totals come from here; it is not kept alive.
+  // The collective totals come from here; it is not kept alive. Setting
+  // another (or null) keeps the previous one's final totals.
   void set_communicator(const std::shared_ptr<comm::Communicator>& comm);
+  // A step's figures; its tokens (tokens_per_s x step_seconds) add to the total.
   void record_step(const StepFigures& f);
+  // The step's global gradient norm, before clipping (worker::StepResult).
+  void record_grad_norm(double norm);
   // A committed checkpoint save (worker/checkpointing.h: SaveTimes).
   void record_checkpoint(double write_seconds, double blocked_seconds);
+  // An evaluation's mean loss, and a classifier's accuracy.
+  void record_eval(double loss, std::optional<double> accuracy);
 
   // The snapshot as telemetry::encode_snapshot writes it; compute_s is the
   // mean over the steps since the previous call.
@@ -47,6 +57,8 @@ class LiveMetrics {
   telemetry::RankSnapshot snapshot_fields();
 
  private:
+  void keep_collective_totals();  // REQUIRES: mu_ held
+
   int rank_;
   int world_;
   std::atomic<std::int64_t> step_{0};
@@ -55,6 +67,10 @@ class LiveMetrics {
   std::atomic<std::int64_t> steps_recorded_{0};
   std::atomic<std::int64_t> saves_{0};
   std::atomic<double> save_s_{0.0}, blocked_s_{0.0};
+  std::atomic<double> grad_norm_{0.0};
+  std::atomic<std::int64_t> tokens_{0};
+  std::atomic<std::int64_t> evals_{0};  // 0: no eval yet
+  std::atomic<double> eval_loss_{0.0}, eval_accuracy_{-1.0};  // accuracy < 0: none (an LM)
 
   std::mutex mu_;
   std::weak_ptr<comm::Communicator> comm_;  // guarded by mu_
@@ -62,6 +78,7 @@ class LiveMetrics {
   std::int64_t prev_steps_ = 0;              // guarded by mu_
   double prev_compute_ = 0.0;                // guarded by mu_
   double compute_mean_ = 0.0;                // guarded by mu_
+  std::array<telemetry::CollectiveTotals, comm::kOpKinds.size()> last_collectives_{};  // guarded by mu_
 };
 
 }  // namespace dtrain::worker

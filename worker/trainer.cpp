@@ -238,6 +238,7 @@ TrainSummary Trainer::run() {
       if (tracer_) tracer_->span("eval", eval_start, Clock::now());
       if (metrics_) metrics_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
       log_eval(e);
+      if (options_.live_metrics != nullptr) options_.live_metrics->record_eval(e.loss, e.accuracy);
       if (r.step == t.steps()) summary.final_eval = e;
     }
     if (r.stop_signal != 0) {

@@ -1,5 +1,7 @@
-// dtrain-launch's pure parts: the command line and its completion from
-// Slurm's variables (srun --ntasks-per-node=1 dtrain-launch ...), and the
+// dtrain-launch's pure parts: the command line (torchrun's spellings, where
+// the program starts, --nproc-per-node auto|cpu|gpu, Python programs) and its
+// completion from Slurm's variables (srun --ntasks-per-node=1 dtrain-launch
+// ...), the workers' environment (dtrain's contract and torchrun's), and the
 // hang monitor's verdicts from heartbeats.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,6 +10,7 @@
 #include "core/error.h"
 #include "launcher/hang_monitor.h"
 #include "launcher/options.h"
+#include "launcher/worker_env.h"
 
 namespace dtrain::launcher {
 namespace {
@@ -15,12 +18,21 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-LaunchOptions parse(std::vector<std::string> args, const cluster::EnvMap& env = {}) {
+// A node of 8 CPUs and no GPU unless the test says otherwise.
+LaunchOptions parse(std::vector<std::string> args, const cluster::EnvMap& env = {},
+                    const NodeResources& node = {8, 0}) {
   args.insert(args.begin(), "dtrain-launch");
   LaunchOptions o = parse_command_line(args, nullptr);
-  resolve_options(o, env);
+  resolve_options(o, env, node);
   return o;
 }
+
+// Parsing `args` throws an Error whose message has `text`.
+void expect_error(const std::vector<std::string>& args, const std::string& text) {
+  EXPECT_THAT([&] { parse(args); }, ::testing::ThrowsMessage<Error>(HasSubstr(text)));
+}
+
+using Command = std::vector<std::string>;
 
 TEST(LaunchOptions, StandaloneTakesTheProgramAfterTheSeparator) {
   const LaunchOptions o = parse({"--standalone", "--nproc-per-node", "4", "--", "prog", "--config", "x.json"});
@@ -70,6 +82,104 @@ TEST(LaunchOptions, MistakesAreErrorsThatSayWhatToDo) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("srun --ntasks-per-node=1"));
   }
+}
+
+TEST(LaunchOptions, TorchrunSpellingsAreAliasesAndTheProgramIsTheFirstPositional) {
+  const LaunchOptions o = parse({"--nnodes", "2", "--node_rank", "1", "--rdzv_endpoint", "n0:29400", "--rdzv_id",
+                                 "j7", "--nproc_per_node", "3", "--max_restarts", "2", "train.py", "--lr", "1e-3",
+                                 "--nproc_per_node", "9"});
+  EXPECT_EQ(o.nproc_per_node, 3);
+  EXPECT_EQ(*o.node_rank, 1);
+  EXPECT_EQ(o.endpoint_host, "n0");
+  EXPECT_EQ(o.endpoint_port, 29400);
+  EXPECT_EQ(o.run_id, "j7");
+  EXPECT_EQ(o.max_restarts, 2);
+  EXPECT_EQ(o.command, (Command{"python3", "-u", "train.py", "--lr", "1e-3", "--nproc_per_node", "9"}));
+  EXPECT_EQ(parse({"--nproc-per-node=2", "--", "--weird-program"}).command, Command{"--weird-program"});
+}
+
+TEST(LaunchOptions, AnUnknownOptionBeforeTheProgramIsAnErrorNamingIt) {
+  expect_error({"--master-addr", "127.0.0.1", "--master-port", "29500", "--bogus", "--", "true"},
+               "unknown option '--bogus' before the program");
+  expect_error({"--standalone", "--verbose=1", "true"}, "unknown option '--verbose'");
+  expect_error({"--nproc-per-node"}, "--nproc-per-node");  // its value is missing
+}
+
+TEST(LaunchOptions, MasterAddrAndPortNameTheEndpointAsInTorchrun) {
+  LaunchOptions o = parse({"--master_addr", "10.1.2.3", "--master-port", "29511", "--nnodes", "2", "--", "p"});
+  EXPECT_EQ(o.endpoint_host, "10.1.2.3");
+  EXPECT_EQ(o.endpoint_port, 29511);
+  EXPECT_FALSE(o.standalone);
+  o = parse({"--master-port", "29512", "--", "p"});  // one node: the agent hosts the store there
+  EXPECT_EQ(o.endpoint_host, "127.0.0.1");
+  EXPECT_EQ(o.endpoint_port, 29512);
+  EXPECT_EQ(parse({"--master-addr", "::1", "--", "p"}).endpoint_port, 29500);
+  expect_error({"--master-addr", "h", "--rdzv-endpoint", "h:1", "--", "p"}, "give one");
+  expect_error({"--standalone", "--master-port", "29500", "--", "p"}, "--standalone");
+}
+
+TEST(LaunchOptions, NprocPerNodeCountsAsTorchrunDoes) {
+  EXPECT_EQ(resolve_nproc_per_node("4", {8, 2}), 4);
+  EXPECT_EQ(resolve_nproc_per_node("cpu", {8, 2}), 8);
+  EXPECT_EQ(resolve_nproc_per_node("gpu", {8, 2}), 2);
+  EXPECT_EQ(resolve_nproc_per_node("auto", {8, 2}), 2);
+  EXPECT_EQ(resolve_nproc_per_node("auto", {8, 0}), 8);
+  EXPECT_EQ(parse({"--nproc-per-node", "auto", "--", "p"}, {}, {3, 0}).nproc_per_node, 3);
+  EXPECT_THROW(resolve_nproc_per_node("gpu", {8, 0}), Error);
+  EXPECT_THROW(resolve_nproc_per_node("two", {8, 0}), Error);
+  EXPECT_EQ(detect_node_resources({{"CUDA_VISIBLE_DEVICES", "0,3"}}).gpus, 2);
+  EXPECT_EQ(detect_node_resources({{"CUDA_VISIBLE_DEVICES", ""}}).gpus, 0);
+  EXPECT_GE(detect_node_resources({}).cpus, 1);
+}
+
+TEST(LaunchOptions, PythonProgramsRunAsTorchrunRunsThem) {
+  EXPECT_EQ(parse({"--", "train.py", "-x"}).command, (Command{"python3", "-u", "train.py", "-x"}));
+  EXPECT_EQ(parse({"-m", "pkg.train", "-x"}).command, (Command{"python3", "-u", "-m", "pkg.train", "-x"}));
+  EXPECT_EQ(parse({"--module", "--", "pkg.train"}).command, (Command{"python3", "-u", "-m", "pkg.train"}));
+  EXPECT_EQ(parse({"--no-python", "tool.py"}).command, Command{"tool.py"});
+  EXPECT_EQ(parse({"--", "dtrain-worker", "a.py"}).command, (Command{"dtrain-worker", "a.py"}));
+  expect_error({"--no_python", "-m", "x"}, "--no-python and --module");
+}
+
+TEST(LaunchOptions, HelpShowsTheProgramFormAndEveryDefaultAndVersionTheVersion) {
+  std::string message;
+  parse_command_line({"dtrain-launch", "--help"}, &message);
+  EXPECT_THAT(message, HasSubstr("Usage: dtrain-launch [OPTIONS] [--] PROGRAM [ARGS...]"));
+  for (const char* shown : {"--nproc-per-node,--nproc_per_node TEXT=1", "--rdzv-timeout FLOAT=600",
+                            "--log-dir TEXT=logs", "--master-port,--master_port INT=29500", "--metrics-linger FLOAT=0",
+                            "--hang-timeout FLOAT=300", "--node-rank,--node_rank INT=arrival order"}) {
+    EXPECT_THAT(message, HasSubstr(shown));
+  }
+  message.clear();
+  parse_command_line({"dtrain-launch", "--version"}, &message);
+  EXPECT_THAT(message, ::testing::MatchesRegex("dtrain-launch [0-9.]+\n"));
+}
+
+TEST(WorkerEnvironment, CarriesDtrainsContractAndTorchrunsOverTheAgentsOwn) {
+  LaunchOptions o = parse({"--nnodes", "2", "--rdzv-endpoint", "n0:29400", "--rdzv-id", "j", "--nproc-per-node", "2",
+                           "--max-restarts", "3", "--", "p"});
+  const RoundPlan plan{.round = 4, .node_rank = 1, .num_nodes = 2, .world_size = 4, .rank_base = 2, .nodes = {}};
+  const cluster::EnvMap agent = {{"HOME", "/root"}, {"RANK", "9"}, {"OMPI_COMM_WORLD_RANK", "1"},
+                                 {"DTRAIN_RANK", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  auto env = worker_base_environment(o, plan, agent, {"tok", 31000, 2, 0.5, false});
+  const auto rank = worker_rank_environment(3, 1);
+  env.insert(rank.begin(), rank.end());
+  const std::map<std::string, std::string> want = {
+      {"HOME", "/root"}, {"RANK", "3"}, {"LOCAL_RANK", "1"}, {"ROLE_RANK", "3"}, {"WORLD_SIZE", "4"},
+      {"ROLE_WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "n0"}, {"MASTER_PORT", "31000"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+      {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "j"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"DTRAIN_RANK", "3"}, {"DTRAIN_LOCAL_RANK", "1"}, {"DTRAIN_WORLD_SIZE", "4"}, {"DTRAIN_NODE_RANK", "1"},
+      {"DTRAIN_STORE", "n0:29400"}, {"DTRAIN_RESTART", "4"}, {"DTRAIN_RUN_ID", "j"}, {"DTRAIN_TOKEN", "tok"},
+      {"DTRAIN_HEARTBEAT_S", "0.5"}, {"OMP_NUM_THREADS", "1"}, {"DTRAIN_OMP_DEFAULTED", "1"}};
+  for (const auto& [k, v] : want) EXPECT_EQ(env[k], v) << k;
+  EXPECT_EQ(env.count("OMPI_COMM_WORLD_RANK"), 0u);
+  // The user's OMP_NUM_THREADS stays theirs; one worker per node gets none.
+  const auto chosen = worker_base_environment(o, plan, {{"OMP_NUM_THREADS", "4"}}, {"tok", 31000, 0, 0, false});
+  EXPECT_EQ(chosen.at("OMP_NUM_THREADS"), "4");
+  EXPECT_EQ(chosen.count("DTRAIN_OMP_DEFAULTED"), 0u);
+  o.nproc_per_node = 1;
+  EXPECT_EQ(worker_base_environment(o, plan, {}, {"tok", 31000, 0, 0, false}).count("OMP_NUM_THREADS"), 0u);
 }
 
 TEST(HangMonitor, ParsesHeartbeats) {

@@ -24,6 +24,14 @@ double sample(const std::string& page, const std::string& series) {
   return std::stod(page.substr(at + series.size() + 2));
 }
 
+// `series` of dtrain-launch's default run ("dtrain_step", "dtrain_rank_step{rank=\"1\"}"),
+// which carries run_id="dtrain" first.
+std::string run_series(const std::string& series) {
+  const auto brace = series.find('{');
+  if (brace == std::string::npos) return series + "{run_id=\"dtrain\"}";
+  return series.substr(0, brace + 1) + "run_id=\"dtrain\"," + series.substr(brace + 1);
+}
+
 // Scrapes until `done(page)` holds; the last page (maybe empty) otherwise.
 template <typename Done>
 std::string scrape_until(int port, Done done, std::chrono::milliseconds timeout) {
@@ -97,21 +105,23 @@ TEST(Observability, LaunchedJobServesMetricsNamesTheStragglerAndMergesTraces) {
                              command, log);
   std::vector<Spawned> procs{launch};
 
-  const std::string first = scrape_until(port, [](const std::string& p) { return sample(p, "dtrain_step") >= 1; }, 60s);
-  ASSERT_GE(sample(first, "dtrain_step"), 1) << first << read_file(log);
+  const std::string step = run_series("dtrain_step");
+  const std::string first = scrape_until(port, [&](const std::string& p) { return sample(p, step) >= 1; }, 60s);
+  ASSERT_GE(sample(first, step), 1) << first << read_file(log);
   const std::string second = scrape_until(
-      port, [&](const std::string& p) { return sample(p, "dtrain_step") > sample(first, "dtrain_step"); }, 30s);
-  EXPECT_GT(sample(second, "dtrain_step"), sample(first, "dtrain_step"));
-  EXPECT_GT(sample(second, "dtrain_collective_operations_total{rank=\"1\",kind=\"allreduce\"}"),
-            sample(first, "dtrain_collective_operations_total{rank=\"1\",kind=\"allreduce\"}"));
-  EXPECT_EQ(sample(second, "dtrain_world_size"), 2);
-  EXPECT_EQ(sample(second, "dtrain_workers_up"), 2);
-  EXPECT_GT(sample(second, "dtrain_collective_busbw_bytes_per_second{rank=\"0\",kind=\"allreduce\"}"), 0);
+      port, [&](const std::string& p) { return sample(p, step) > sample(first, step); }, 30s);
+  EXPECT_GT(sample(second, step), sample(first, step));
+  const std::string allreduces = run_series("dtrain_collective_operations_total{rank=\"1\",kind=\"allreduce\"}");
+  EXPECT_GT(sample(second, allreduces), sample(first, allreduces));
+  EXPECT_EQ(sample(second, run_series("dtrain_world_size")), 2);
+  EXPECT_EQ(sample(second, run_series("dtrain_workers_up")), 2);
+  EXPECT_GT(sample(second, run_series("dtrain_collective_busbw_bytes_per_second{rank=\"0\",kind=\"allreduce\"}")),
+            0);
 
   const std::string slow = scrape_until(
-      port, [](const std::string& p) { return sample(p, "dtrain_rank_straggler{rank=\"1\"}") == 1; }, 30s);
-  EXPECT_EQ(sample(slow, "dtrain_rank_straggler{rank=\"1\"}"), 1) << slow;
-  EXPECT_EQ(sample(slow, "dtrain_rank_straggler{rank=\"0\"}"), 0) << slow;
+      port, [](const std::string& p) { return sample(p, run_series("dtrain_rank_straggler{rank=\"1\"}")) == 1; }, 30s);
+  EXPECT_EQ(sample(slow, run_series("dtrain_rank_straggler{rank=\"1\"}")), 1) << slow;
+  EXPECT_EQ(sample(slow, run_series("dtrain_rank_straggler{rank=\"0\"}")), 0) << slow;
   EXPECT_FALSE(wait_for_text(log, "metrics: rank 1 is a straggler", 10s).empty()) << read_file(log);
 
   const Promtool promtool = find_promtool();
@@ -142,6 +152,46 @@ TEST(Observability, LaunchedJobServesMetricsNamesTheStragglerAndMergesTraces) {
   std::set<int> pids;
   for (const auto& e : merged["traceEvents"]) pids.insert(e["pid"].get<int>());
   EXPECT_EQ(pids, (std::set<int>{0, 1}));
+}
+
+TEST(Observability, FinalValuesStayOnThePageForTheLinger) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const int port = free_port();
+  const std::string log = dir.file("launch.log");
+  auto launch = start_launch({"--standalone", "--nproc-per-node", "2", "--rdzv-id", "linger-run", "--monitor-interval",
+                              "0.2", "--metrics-port", std::to_string(port), "--metrics-linger", "120", "--log-dir",
+                              dir.file("logs")},
+                             worker_command(config, dir / "run"), log);
+  std::vector<Spawned> procs{launch};
+  ASSERT_FALSE(wait_for_text(log, "serving the final values on /metrics for 120 s more", 120s).empty())
+      << read_file(log);
+  const std::optional<std::string> page = http_get(port, "/metrics");
+  ::kill(procs[0].pid, SIGTERM);  // ends the linger
+  ASSERT_TRUE(wait_all(procs, 30s)) << read_file(log);
+  EXPECT_EQ(procs[0].exit_code(), 0) << read_file(log);
+  ASSERT_TRUE(page.has_value()) << read_file(log);
+  nlohmann::json last_step, last_eval;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("event")) last_step = j;
+    if (j.value("event", "") == "eval") last_eval = j;
+  }
+  const std::string run = "{run_id=\"linger-run\"}";
+  EXPECT_EQ(sample(*page, "dtrain_step" + run), 20) << *page;
+  EXPECT_EQ(sample(*page, "dtrain_tokens_total" + run), 20 * 4 * 16 * 2) << "steps x micro-batch x seq x ranks";
+  EXPECT_DOUBLE_EQ(sample(*page, "dtrain_grad_norm" + run), last_step["grad_norm"].get<double>());
+  EXPECT_DOUBLE_EQ(sample(*page, "dtrain_eval_loss" + run), last_eval["loss"].get<double>());
+  EXPECT_EQ(sample(*page, "dtrain_local_workers_running" + run), 0);
+  for (int rank : {0, 1}) {
+    EXPECT_GT(sample(*page, fmt::format("dtrain_rank_peak_rss_bytes{{run_id=\"linger-run\",rank=\"{}\"}}", rank)),
+              1e6);
+  }
+  const Promtool promtool = find_promtool();
+  ASSERT_FALSE(promtool.path.empty()) << promtool.why_not;
+  const CommandResult r = promtool_check(promtool, dir, *page);
+  EXPECT_EQ(r.exit_code, 0) << r.output << *page;
 }
 
 TEST(Observability, WorkerWithoutLauncherServesItsOwnMetrics) {

@@ -1,11 +1,13 @@
 // The pieces of observability without a job: the metrics snapshot's text
 // round trip, straggler naming against the median, the rendered page (valid
-// for promtool), train.trace_steps parsing, the trace merge, and
-// scripts/plot.sh drawing PNGs from a metrics.jsonl.
+// for promtool; run_id, gradient norm, tokens, eval, peak RSS; no bus
+// bandwidth for a world of one), train.trace_steps parsing, the trace merge,
+// and scripts/plot.sh drawing PNGs from a metrics.jsonl.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,20 @@ TEST(ObservabilityUnits, SnapshotTextRoundTrips) {
   EXPECT_EQ(back->step, 17);
   EXPECT_EQ(back->compute_seconds, 0.125);
   EXPECT_EQ(back->collectives[0].bytes, 4096u);
+  EXPECT_FALSE(back->eval_loss.has_value());
+  telemetry::RankSnapshot e = s;
+  e.grad_norm = 0.75;
+  e.tokens = 123456789012;
+  e.peak_rss_bytes = 1 << 30;
+  e.eval_loss = 3.25;
+  e.eval_accuracy = 0.5;
+  const auto with_eval = telemetry::parse_snapshot(telemetry::encode_snapshot(e));
+  ASSERT_TRUE(with_eval.has_value());
+  EXPECT_EQ(with_eval->grad_norm, 0.75);
+  EXPECT_EQ(with_eval->tokens, 123456789012);
+  EXPECT_EQ(with_eval->peak_rss_bytes, 1 << 30);
+  EXPECT_EQ(with_eval->eval_loss, 3.25);
+  EXPECT_EQ(with_eval->eval_accuracy, 0.5);
   EXPECT_FALSE(telemetry::parse_snapshot("beat=1 step=2").has_value());
   EXPECT_FALSE(telemetry::parse_snapshot("v=1 step=x").has_value());
 }
@@ -78,13 +94,56 @@ TEST(ObservabilityUnits, RenderedPagePassesPromtool) {
   const std::string page = telemetry::render_prometheus(job);
   EXPECT_NE(page.find("dtrain_rank_straggler{rank=\"1\"} 1\n"), std::string::npos) << page;
   EXPECT_NE(page.find("dtrain_collective_bytes_total{rank=\"0\",kind=\"allreduce\"} 4096\n"), std::string::npos);
+  telemetry::JobMetrics labelled = job;
+  labelled.run_id = "job \"7\"\\x";
+  labelled.ranks[0]->eval_loss = 2.5;
+  labelled.ranks[0]->eval_accuracy = 0.25;
   const Promtool promtool = find_promtool();
   ASSERT_FALSE(promtool.path.empty()) << promtool.why_not;
   TempDir dir;
-  for (const telemetry::JobMetrics& j : {job, telemetry::JobMetrics{}}) {
+  for (const telemetry::JobMetrics& j : {job, labelled, telemetry::JobMetrics{}}) {
     const CommandResult r = promtool_check(promtool, dir, telemetry::render_prometheus(j));
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
+}
+
+TEST(ObservabilityUnits, PageHasGradNormTokensEvalPeakRssAndTheRunIdOnEverySample) {
+  telemetry::JobMetrics job;
+  job.run_id = "run-3";
+  job.world_size = 2;
+  job.ranks = {rank_snapshot(0, 0.1), rank_snapshot(1, 0.1)};
+  job.ranks[0]->grad_norm = 1.5;
+  job.ranks[0]->tokens = 4096;
+  job.ranks[1]->peak_rss_bytes = 1048576;
+  std::string page = telemetry::render_prometheus(job);
+  EXPECT_EQ(page.find("dtrain_eval_loss"), std::string::npos) << "no eval yet, no eval series";
+  job.ranks[0]->eval_loss = 3.5;
+  page = telemetry::render_prometheus(job);
+  for (const char* line : {"dtrain_grad_norm{run_id=\"run-3\"} 1.5\n", "dtrain_tokens_total{run_id=\"run-3\"} 4096\n",
+                           "dtrain_eval_loss{run_id=\"run-3\"} 3.5\n",
+                           "dtrain_rank_peak_rss_bytes{run_id=\"run-3\",rank=\"1\"} 1048576\n",
+                           "# TYPE dtrain_tokens_total counter\n"}) {
+    EXPECT_NE(page.find(line), std::string::npos) << line << page;
+  }
+  EXPECT_EQ(page.find("dtrain_eval_accuracy"), std::string::npos) << "an LM has no accuracy";
+  std::istringstream lines(page);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind('#', 0) != 0) {
+      EXPECT_THAT(line, ::testing::HasSubstr("{run_id=\"run-3\"")) << line;
+    }
+  }
+}
+
+TEST(ObservabilityUnits, AWorldOfOneReportsNoBusBandwidth) {
+  telemetry::JobMetrics job;
+  job.world_size = 1;
+  telemetry::RankSnapshot s = rank_snapshot(0, 0.1);
+  s.world = 1;
+  for (const comm::OpKind kind : comm::kOpKinds) s.collective(kind) = {3, 1024, 0.5};
+  job.ranks = {s};
+  const std::string page = telemetry::render_prometheus(job);
+  EXPECT_NE(page.find("dtrain_collective_operations_total{rank=\"0\",kind=\"broadcast\"} 3\n"), std::string::npos);
+  EXPECT_EQ(page.find("dtrain_collective_busbw_bytes_per_second{"), std::string::npos) << page;
 }
 
 TEST(ObservabilityUnits, MfuIsModelFlopsOverEveryWorkersPeak) {
@@ -151,12 +210,20 @@ TEST(ObservabilityUnits, PlotScriptWritesPngs) {
   dir.write("metrics.jsonl", lines);
   const CommandResult r = run_command(fmt::format("'{}/scripts/plot.sh' '{}'", source_dir(), dir.str()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* png : {"loss.png", "eval.png", "tokens_per_s.png"}) {
+  for (const char* png : {"loss.png", "eval.png", "lr.png", "grad_norm.png", "tokens_per_s.png"}) {
     const auto path = dir / "plots" / png;
     ASSERT_TRUE(std::filesystem::exists(path)) << png;
     EXPECT_GT(std::filesystem::file_size(path), 1000u) << png;
     EXPECT_EQ(read_file(path).substr(1, 3), "PNG") << png;
   }
+  // A classifier's run (its resolved config says so) is drawn in samples/s.
+  dir.write("config.json", "{\n  \"model\": {\n    \"kind\": \"classifier\",\n    \"patch_size\": 7\n  },\n"
+                           "  \"data\": {\n    \"kind\": \"fashion_mnist\",\n    \"seq_len\": 0\n  }\n}\n");
+  std::filesystem::remove_all(dir / "plots");
+  const CommandResult cls = run_command(fmt::format("'{}/scripts/plot.sh' '{}'", source_dir(), dir.str()));
+  ASSERT_EQ(cls.exit_code, 0) << cls.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "plots" / "samples_per_s.png")) << cls.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "plots" / "tokens_per_s.png")) << cls.output;
 }
 
 }  // namespace

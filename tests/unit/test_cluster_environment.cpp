@@ -60,6 +60,13 @@ EnvMap srun_vars() {
           {"SLURM_JOB_NODELIST", "n[01-04]"}};
 }
 
+// What torchrun gives rank 3 of 4 (2 per node), restarted once.
+EnvMap torchrun_vars() {
+  return {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
+          {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RESTART_COUNT", "1"},
+          {"TORCHELASTIC_RUN_ID", "tr-9"}};
+}
+
 TEST(ClusterEnvironment, NothingIsASingleProcess) {
   const Environment env = detect_environment({{"HOME", "/root"}, {"PATH", "/bin"}});
   EXPECT_EQ(env.starter, Starter::single);
@@ -442,9 +449,70 @@ TEST(ClusterEnvironment, SingleHonoursUserRunVariables) {
   EXPECT_EQ(env.run_id, "r");
 }
 
+TEST(ClusterEnvironment, TorchrunFullSet) {
+  const Environment env = detect_environment(torchrun_vars());
+  EXPECT_EQ(env.describe(), "rank 3 of 4 (local 1 of 2, node 1), started by torchrun");
+  EXPECT_EQ(env.store, "node0:29500");  // rank 0 hosts it
+  EXPECT_EQ(env.restart, 1);
+  EXPECT_EQ(env.run_id, "tr-9");
+  EXPECT_FALSE(env.store_from_slurm || env.pmix);
+}
+
+TEST(ClusterEnvironment, TorchrunStorePortAvoidsTheAgentsOwnStore) {
+  EnvMap vars = torchrun_vars();
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";  // torchrun's agent serves PyTorch's store on MASTER_PORT
+  EXPECT_EQ(detect_environment(vars).store, "node0:29501");
+  vars["DTRAIN_STORE_PORT"] = "31000";
+  EXPECT_EQ(detect_environment(vars).store, "node0:31000");
+  vars["DTRAIN_STORE"] = "other:1";
+  EXPECT_EQ(detect_environment(vars).store, "other:1");
+  vars = torchrun_vars();
+  vars["MASTER_ADDR"] = "fd42:1::1";
+  EXPECT_EQ(detect_environment(vars).store, "[fd42:1::1]:29500");
+  vars["MASTER_PORT"] = "70000";
+  EXPECT_THAT(env_error(vars), HasSubstr("MASTER_PORT=70000 must be a port"));
+}
+
+TEST(ClusterEnvironment, TorchrunPartialSetsNameTheVariables) {
+  EXPECT_THAT(env_error({{"RANK", "0"}}), AllOf(HasSubstr("RANK is set but WORLD_SIZE is not"), HasSubstr("torchrun")));
+  EXPECT_THAT(env_error({{"LOCAL_RANK", "0"}}), HasSubstr("LOCAL_RANK is set but RANK is not"));
+  EXPECT_THAT(env_error({{"WORLD_SIZE", "2"}}), HasSubstr("WORLD_SIZE is set but RANK is not"));
+  EXPECT_THAT(env_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
+              AllOf(HasSubstr("MASTER_ADDR and MASTER_PORT are not"), HasSubstr("DTRAIN_STORE")));
+  EXPECT_THAT(env_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}),
+              HasSubstr("MASTER_ADDR is set but MASTER_PORT is not"));
+  EXPECT_THAT(env_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "h"},
+                         {"MASTER_PORT", "1"}}),
+              HasSubstr("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not"));
+  EXPECT_THAT(env_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}),
+              HasSubstr("RANK=2 is outside 0..1 (WORLD_SIZE=2)"));
+  // A world of one needs no store; MASTER_ADDR alone (exported for srun jobs) starts nothing.
+  EXPECT_EQ(detect_environment({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).starter, Starter::torchrun);
+  EXPECT_EQ(detect_environment({{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}).starter, Starter::single);
+}
+
+TEST(ClusterEnvironment, PrecedenceLauncherThenTorchrunThenMpirunThenSrun) {
+  EnvMap vars = srun_vars();
+  for (const auto& [name, value] : mpirun_vars()) vars[name] = value;
+  vars["PMIX_RANK"] = "5";
+  for (const auto& [name, value] : torchrun_vars()) vars[name] = value;
+  // torchrun started by srun or mpirun: its workers inherit the agent's placement, which is not theirs.
+  Environment env = detect_environment(vars);
+  EXPECT_EQ(env.starter, Starter::torchrun);
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_FALSE(env.pmix);
+  // dtrain-launch sets both families; its own wins.
+  for (const auto& [name, value] : launcher_vars()) vars[name] = value;
+  env = detect_environment(vars);
+  EXPECT_EQ(env.starter, Starter::launcher);
+  EXPECT_EQ(env.store, "node1:29500");
+  EXPECT_EQ(env.restart, 2);
+}
+
 TEST(ClusterEnvironment, StarterNames) {
   EXPECT_STREQ(starter_name(Starter::single), "single");
   EXPECT_STREQ(starter_name(Starter::launcher), "dtrain-launch");
+  EXPECT_STREQ(starter_name(Starter::torchrun), "torchrun");
   EXPECT_STREQ(starter_name(Starter::mpirun), "mpirun");
   EXPECT_STREQ(starter_name(Starter::slurm), "srun");
 }
