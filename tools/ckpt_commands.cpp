@@ -66,18 +66,18 @@ int run_ckpt_inspect(const std::filesystem::path& dir, std::ostream& out) {
   return 0;
 }
 
-int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out) {
+int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out, bool ignore_uncommitted) {
   ck::Env& env = *ck::default_env();
   require_directory(env, dir);
   std::vector<std::filesystem::path> steps;
-  if (is_step_dir(env, dir)) {
+  std::vector<ck::StepReport> uncommitted;
+  if (!is_step_dir(env, dir)) {
+    for (std::int64_t s : ck::committed_steps(env, dir)) steps.push_back(ck::step_dir(dir, s));
+    uncommitted = ck::uncommitted_dirs(env, dir);
+  } else if (env.exists(dir / "manifest.pb")) {
     steps.push_back(dir);
   } else {
-    for (std::int64_t s : ck::committed_steps(env, dir)) steps.push_back(ck::step_dir(dir, s));
-  }
-  if (steps.empty()) {
-    out << fmt::format("no committed checkpoint step under {}\n", dir.string());
-    return 1;
+    uncommitted.push_back({dir, -1, false, "it has no manifest.pb: its save never committed"});
   }
   int failed = 0;
   for (const std::filesystem::path& step : steps) {
@@ -91,8 +91,22 @@ int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out) {
     }
     if (!report.ok) ++failed;
   }
-  out << fmt::format("{} of {} step(s) verified\n", steps.size() - static_cast<std::size_t>(failed), steps.size());
-  return failed == 0 ? 0 : 1;
+  for (const ck::StepReport& u : uncommitted) {
+    out << fmt::format("{}: NOT COMMITTED: {}\n", u.dir.string(), u.problem);
+  }
+  if (steps.empty() && uncommitted.empty()) {
+    out << fmt::format("no checkpoint step under {}\n", dir.string());
+    return 1;
+  }
+  out << fmt::format("{} of {} committed step(s) verified", steps.size() - static_cast<std::size_t>(failed),
+                     steps.size());
+  if (!uncommitted.empty()) {
+    out << fmt::format("; {} folder(s) not committed{}", uncommitted.size(),
+                       ignore_uncommitted ? " (ignored)" : " (--ignore-uncommitted to pass anyway)");
+  }
+  out << "\n";
+  const bool uncommitted_fail = !uncommitted.empty() && !ignore_uncommitted;
+  return failed == 0 && !uncommitted_fail && !steps.empty() ? 0 : 1;
 }
 
 }  // namespace dtrain::tools

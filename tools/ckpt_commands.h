@@ -17,9 +17,11 @@ namespace dtrain::tools {
 // step `latest` names under a root (else the newest committed one) or DIR itself.
 int run_ckpt_inspect(const std::filesystem::path& dir, std::ostream& out);
 
-// Checks every committed step under a root (newest first), or the step DIR.
-// Returns 0 when every step verifies, 1 otherwise.
-int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out);
+// Checks every committed step under a root (newest first), or the step DIR,
+// and lists every folder that looks like a step but was never committed (no
+// manifest, or a pending name). Returns 0 when every committed step verifies
+// and nothing is uncommitted (unless ignore_uncommitted), 1 otherwise.
+int run_ckpt_verify(const std::filesystem::path& dir, std::ostream& out, bool ignore_uncommitted = false);
 
 struct CkptExportOptions {
   std::filesystem::path dir;

@@ -17,10 +17,13 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "export/onnx_model.h"
+#include "nn/layernorm.h"
 #include "export/onnx_writer.h"
 #include "export/triton_config.h"
 #include "tools/ckpt_commands.h"
 #include "tools/checkpoint_model.h"
+#include "worker/config.h"
+#include "worker/trainer.h"
 
 namespace dtrain::tools {
 namespace {
@@ -42,7 +45,31 @@ std::string safetensors_header(const ck::Manifest& manifest, const nn::Parameter
     header[p.name] = {{"dtype", "F32"}, {"shape", p.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  header["__metadata__"] = {{"format", "pt"}, {"step", std::to_string(manifest.step())}, {"source", "dtrain"}};
+  // Self-describing: the model's shape and conventions, as strings (safetensors' rule).
+  const nn::ModelConfig m = worker::model_config(worker::parse_config_json(manifest.config_json()));
+  const bool lm = m.kind == nn::ModelConfig::Kind::lm;
+  header["__metadata__"] = {
+      {"format", "pt"},
+      {"source", "dtrain"},
+      {"step", std::to_string(manifest.step())},
+      {"kind", lm ? "lm" : "classifier"},
+      {"input", m.input == nn::ModelConfig::Input::tokens ? "tokens" : "patches"},
+      {"vocab_size", std::to_string(m.vocab_size)},
+      {"d_model", std::to_string(m.d_model)},
+      {"n_heads", std::to_string(m.n_heads)},
+      {"n_layers", std::to_string(m.n_layers)},
+      {"d_ff", std::to_string(m.d_ff)},
+      {"max_seq_len", std::to_string(m.max_seq_len)},
+      {"num_classes", std::to_string(lm ? 0 : m.num_classes)},
+      {"patch_dim", std::to_string(m.patch_dim)},
+      {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
+      {"layernorm_eps", fmt::format("{}", nn::kLayerNormEps)},
+      {"gelu", "erf"},
+      {"norm", "pre-LN"},
+      {"qkv", "one [3*d_model, d_model] weight, rows q|k|v, heads contiguous within each"},
+      {"lm_head_bias", "none"},
+      {"config", manifest.config_json()},
+  };
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;

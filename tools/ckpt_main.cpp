@@ -1,6 +1,6 @@
 // dtrain-ckpt: look into and convert dtrain checkpoints.
 //   dtrain-ckpt inspect DIR
-//   dtrain-ckpt verify DIR                      (exit 1 when a step fails to verify)
+//   dtrain-ckpt verify DIR [--ignore-uncommitted]   (exit 1 when a step fails to verify or never committed)
 //   dtrain-ckpt export DIR --format safetensors --out FILE
 //   dtrain-ckpt export DIR --format onnx --out FILE [--quantize int8]
 //   dtrain-ckpt export DIR --format triton --out REPO [--name NAME] [--max-batch N] [--quantize int8]
@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
   std::string inspect_dir, verify_dir;
   CLI::App* inspect = add_dir_command(app, "inspect", "manifest, model and parameter layout of a step", inspect_dir);
   CLI::App* verify = add_dir_command(app, "verify", "check the files and checksums of committed steps", verify_dir);
+  bool ignore_uncommitted = false;
+  verify->add_flag("--ignore-uncommitted", ignore_uncommitted,
+                   "exit 0 even when a step folder was never committed (it is still listed)");
   dtrain::tools::CkptExportOptions export_options;
   std::string export_dir, export_out;
   CLI::App* exporter = add_dir_command(app, "export", "write the fp32 parameters in another format", export_dir);
@@ -46,7 +49,7 @@ int main(int argc, char** argv) {
   if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-ckpt")) return *code;
   try {
     if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);
-    if (verify->parsed()) return dtrain::tools::run_ckpt_verify(verify_dir, std::cout);
+    if (verify->parsed()) return dtrain::tools::run_ckpt_verify(verify_dir, std::cout, ignore_uncommitted);
     if (exporter->parsed()) {
       export_options.dir = export_dir;
       export_options.out = export_out;

@@ -155,13 +155,6 @@ std::shared_ptr<dtrain::worker::LiveMetrics> live_metrics(dtrain::worker::Heartb
   return live;
 }
 
-// Every step's gradient norm for /metrics (TrainerOptions::after_step).
-std::function<void(const dtrain::worker::StepResult&)> live_grad_norm(
-    const std::shared_ptr<dtrain::worker::LiveMetrics>& live) {
-  if (!live) return {};
-  return [live](const dtrain::worker::StepResult& r) { live->record_grad_norm(r.grad_norm); };
-}
-
 void print_start(const dtrain::config::Config& config, const dtrain::cluster::Environment& env,
                  const dtrain::comm::Communicator& comm) {
   std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
@@ -228,7 +221,6 @@ int train(const WorkerArgs& args) {
                                                                           ? dtrain::comm::cuda_device_for(env)
                                                                           : 0,
                                                        .ranks_on_node = env.local_world_size,
-                                                       .after_step = live_grad_norm(live),
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});

@@ -38,12 +38,11 @@ void LiveMetrics::record_step(const StepFigures& f) {
   flops_.store(f.flops_per_s, std::memory_order_relaxed);
   add(compute_total_, f.compute_seconds);
   add(data_wait_total_, f.data_wait_seconds);
-  tokens_.fetch_add(std::llround(f.tokens_per_s * f.step_seconds), std::memory_order_relaxed);
+  grad_norm_.store(f.grad_norm, std::memory_order_relaxed);
+  tokens_.fetch_add(f.tokens, std::memory_order_relaxed);
   step_.store(f.step, std::memory_order_relaxed);
   steps_recorded_.fetch_add(1, std::memory_order_release);  // last: the figures above belong to it
 }
-
-void LiveMetrics::record_grad_norm(double norm) { grad_norm_.store(norm, std::memory_order_relaxed); }
 
 void LiveMetrics::record_eval(double loss, std::optional<double> accuracy) {
   eval_loss_.store(loss, std::memory_order_relaxed);

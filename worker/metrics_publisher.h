@@ -33,6 +33,8 @@ struct StepFigures {
   double data_wait_seconds = 0.0;  // waiting for this step's batches
   double tokens_per_s = 0.0;       // the job's
   double flops_per_s = 0.0;        // the job's model FLOP/s
+  double grad_norm = 0.0;          // before clipping
+  std::int64_t tokens = 0;         // the job's tokens in this step
 };
 
 class LiveMetrics {
@@ -42,10 +44,8 @@ class LiveMetrics {
   // The collective totals come from here; it is not kept alive. Setting
   // another (or null) keeps the previous one's final totals.
   void set_communicator(const std::shared_ptr<comm::Communicator>& comm);
-  // A step's figures; its tokens (tokens_per_s x step_seconds) add to the total.
+  // A step's figures; its tokens add to the total.
   void record_step(const StepFigures& f);
-  // The step's global gradient norm, before clipping (worker::StepResult).
-  void record_grad_norm(double norm);
   // A committed checkpoint save (worker/checkpointing.h: SaveTimes).
   void record_checkpoint(double write_seconds, double blocked_seconds);
   // An evaluation's mean loss, and a classifier's accuracy.

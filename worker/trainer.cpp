@@ -52,7 +52,8 @@ void Trainer::record_live(const StepResult& r, double compute_s, double data_wai
   if (options_.live_metrics == nullptr) return;
   const double tokens_per_s = r.seconds > 0.0 ? static_cast<double>(tokens_per_step()) / r.seconds : 0.0;
   options_.live_metrics->record_step({r.step, r.loss, r.lr, r.seconds, compute_s, data_wait_s, tokens_per_s,
-                                      model_config_.flops_per_token(seq_) * tokens_per_s});
+                                      model_config_.flops_per_token(seq_) * tokens_per_s, r.grad_norm,
+                                      tokens_per_step()});
 }
 
 std::int64_t Trainer::tokens_per_step() const {

@@ -1,5 +1,6 @@
 // dtrain-ckpt end to end, on checkpoints that the real dtrain-worker wrote:
 // inspect, verify (also of a corrupted rank file) and the safetensors export.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -111,6 +112,27 @@ TEST_F(DtrainCkpt, VerifyPassesThenNamesTheCorruptFile) {
   EXPECT_EQ(ckpt("verify " + ck::step_dir(copy.path() / "ckpt", 5).string()).exit_code, 0);
 }
 
+// A folder that looks like a step but never committed (no manifest, or a
+// pending name) is listed and fails verify, unless --ignore-uncommitted.
+TEST_F(DtrainCkpt, VerifyListsStepsThatNeverCommitted) {
+  TempDir copy;
+  const std::filesystem::path dir = copy.path() / "ckpt";
+  std::filesystem::copy(root(), dir, std::filesystem::copy_options::recursive);
+  std::filesystem::create_directories(ck::step_dir(dir, 15));
+  std::filesystem::create_directories(ck::pending_dir(dir, 20));
+  const CommandResult r = ckpt("verify " + dir.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr(ck::step_dir(dir, 15).string() + ": NOT COMMITTED"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr(ck::pending_dir(dir, 20).string() + ": NOT COMMITTED"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("step_000000010: OK"));
+  const CommandResult ignored = ckpt("verify --ignore-uncommitted " + dir.string());
+  EXPECT_EQ(ignored.exit_code, 0) << ignored.output;
+  EXPECT_THAT(ignored.output, ::testing::HasSubstr("NOT COMMITTED"));  // still listed
+  const CommandResult one = ckpt("verify " + ck::step_dir(dir, 15).string());
+  EXPECT_EQ(one.exit_code, 1) << one.output;
+  EXPECT_THAT(one.output, ::testing::HasSubstr("no manifest.pb"));
+}
+
 TEST_F(DtrainCkpt, ExportWritesSafetensorsOfTheMasterParameters) {
   TempDir out;
   const std::filesystem::path file = out / "model.safetensors";
@@ -126,6 +148,16 @@ TEST_F(DtrainCkpt, ExportWritesSafetensorsOfTheMasterParameters) {
   const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
   EXPECT_EQ(header["__metadata__"]["format"], "pt");
   EXPECT_EQ(header["__metadata__"]["step"], "10");
+  // Self-describing: the model's shape and conventions travel with the tensors.
+  const nlohmann::json& meta = header["__metadata__"];
+  EXPECT_EQ(meta["kind"], "lm");
+  EXPECT_EQ(meta["d_model"], "32");
+  EXPECT_EQ(meta["n_heads"], "2");
+  EXPECT_EQ(meta["n_layers"], "2");
+  EXPECT_EQ(meta["tie_embeddings"], "false");
+  EXPECT_EQ(meta["layernorm_eps"], "1e-05");
+  EXPECT_EQ(meta["gelu"], "erf");
+  EXPECT_EQ(nlohmann::json::parse(meta["config"].get<std::string>())["model"]["d_ff"], 64);
   EXPECT_EQ(header.size(), layout_.params().size() + 1);
 
   std::uint64_t offset = 0;
