@@ -1,7 +1,5 @@
 #include "cluster/environment.h"
 
-#include <unistd.h>
-
 #include <array>
 #include <cctype>
 #include <charconv>
@@ -10,11 +8,10 @@
 
 #include <fmt/format.h>
 
+#include "cluster/env_vars.h"
 #include "cluster/hostlist.h"
 #include "cluster/slurm_store.h"
 #include "core/error.h"
-
-extern char** environ;
 
 namespace dtrain::cluster {
 namespace {
@@ -31,8 +28,6 @@ constexpr std::array<const char*, 5> kLauncherLayoutVars = {
 // torchrun family, which then must be whole.
 constexpr std::array<const char*, 4> kTorchrunVars = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
 
-constexpr int kMaxPort = 65535;
-
 // The variables each field was read from, so that a range error names them.
 struct Sources {
   std::string rank;
@@ -41,55 +36,6 @@ struct Sources {
   std::string local_world_size;
   std::string node_rank;
 };
-
-// The value of `name`, or nullptr when it is unset or empty.
-const std::string* find(const EnvMap& vars, const std::string& name) {
-  const auto it = vars.find(name);
-  return it == vars.end() || it->second.empty() ? nullptr : &it->second;
-}
-
-bool has(const EnvMap& vars, const std::string& name) { return find(vars, name) != nullptr; }
-
-std::string value_or(const EnvMap& vars, const std::string& name, const std::string& fallback) {
-  const std::string* value = find(vars, name);
-  return value != nullptr ? *value : fallback;
-}
-
-int parse_int(const std::string& name, const std::string& value) {
-  int result = 0;
-  const char* end = value.data() + value.size();
-  const auto [ptr, ec] = std::from_chars(value.data(), end, result);
-  if (ec == std::errc::result_out_of_range) {
-    throw Error(
-        fmt::format("{}='{}' is out of range for an integer; fix or unset {}", name, value, name));
-  }
-  if (ec != std::errc() || ptr != end) {
-    throw Error(fmt::format("{}='{}' is not an integer; fix or unset {}", name, value, name));
-  }
-  return result;
-}
-
-std::optional<int> optional_int(const EnvMap& vars, const std::string& name) {
-  const std::string* value = find(vars, name);
-  if (value == nullptr) return std::nullopt;
-  return parse_int(name, *value);
-}
-
-// `present` is set and `absent` is not; `starter` sets them together.
-[[noreturn]] void throw_missing(const std::string& present, const std::string& absent,
-                                const std::string& starter) {
-  throw Error(fmt::format(
-      "{} is set but {} is not: {} sets them together; start the worker through {}, or set {} "
-      "too, or unset {}",
-      present, absent, starter, starter, absent, present));
-}
-
-int required_int(const EnvMap& vars, const std::string& name, const std::string& set_with,
-                 const std::string& starter) {
-  const std::optional<int> value = optional_int(vars, name);
-  if (!value) throw_missing(set_with, name, starter);
-  return *value;
-}
 
 // Local rank and local world size come as a pair; with neither, this process
 // is taken to share one node with the whole world.
@@ -138,7 +84,7 @@ void validate(const Environment& env, const Sources& src) {
 // DTRAIN_STORE, DTRAIN_TOKEN and DTRAIN_RUN_ID, which dtrain-launch sets and
 // users may export under any other starter.
 void read_run_vars(const EnvMap& vars, Environment& env) {
-  if (const std::string* store = find(vars, "DTRAIN_STORE")) {
+  if (const std::string* store = lookup(vars, "DTRAIN_STORE")) {
     parse_host_port(*store, "DTRAIN_STORE");
     env.store = *store;
   }
@@ -165,7 +111,7 @@ Environment read_ranks(const EnvMap& vars, const Sources& src, Starter starter) 
   const std::string name = starter_name(starter);
   Environment env;
   env.starter = starter;
-  env.rank = parse_int(src.rank, *find(vars, src.rank));
+  env.rank = parse_int(src.rank, *lookup(vars, src.rank));
   env.world_size = required_int(vars, src.world_size, src.rank, name);
   read_local_pair(vars, src, name, env);
   env.node_rank = optional_int(vars, src.node_rank).value_or(0);
@@ -186,19 +132,11 @@ Environment from_launcher(const EnvMap& vars) {
   return env;
 }
 
-int port_in_range(const std::string& name, const std::string& value) {
-  const int port = parse_int(name, value);
-  if (port < 1 || port > kMaxPort) {
-    throw Error(fmt::format("{}={} must be a port from 1 to {}", name, port, kMaxPort));
-  }
-  return port;
-}
-
 // MASTER_ADDR with DTRAIN_STORE_PORT, MASTER_PORT, or MASTER_PORT + 1 when
 // torchrun's agent keeps PyTorch's store on MASTER_PORT.
 std::string torchrun_store(const EnvMap& vars, const Environment& env) {
-  const std::string* addr = find(vars, "MASTER_ADDR");
-  const std::string* port = find(vars, "MASTER_PORT");
+  const std::string* addr = lookup(vars, "MASTER_ADDR");
+  const std::string* port = lookup(vars, "MASTER_PORT");
   if (addr == nullptr && port == nullptr) {
     throw Error(fmt::format(
         "RANK and WORLD_SIZE={} are set but MASTER_ADDR and MASTER_PORT are not: torchrun sets them "
@@ -208,7 +146,7 @@ std::string torchrun_store(const EnvMap& vars, const Environment& env) {
   if (addr == nullptr) throw_missing("MASTER_PORT", "MASTER_ADDR", starter_name(Starter::torchrun));
   if (port == nullptr) throw_missing("MASTER_ADDR", "MASTER_PORT", starter_name(Starter::torchrun));
   int store_port = port_in_range("MASTER_PORT", *port);
-  if (const std::string* own = find(vars, "DTRAIN_STORE_PORT")) {
+  if (const std::string* own = lookup(vars, "DTRAIN_STORE_PORT")) {
     store_port = port_in_range("DTRAIN_STORE_PORT", *own);
   } else if (value_or(vars, "TORCHELASTIC_USE_AGENT_STORE", "") == "True") {
     if (store_port == kMaxPort) {
@@ -224,9 +162,9 @@ std::string torchrun_store(const EnvMap& vars, const Environment& env) {
 Environment from_torchrun(const EnvMap& vars) {
   const Sources src{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"};
   const std::string name = starter_name(Starter::torchrun);
-  if (!has(vars, "RANK")) {
+  if (!is_set(vars, "RANK")) {
     for (const char* var : kTorchrunVars) {
-      if (has(vars, var)) throw_missing(var, "RANK", name);
+      if (is_set(vars, var)) throw_missing(var, "RANK", name);
     }
   }
   Environment env = read_ranks(vars, src, Starter::torchrun);
@@ -256,7 +194,7 @@ Environment from_mpirun(const EnvMap& vars) {
 // Tasks on this node, from Slurm's "2(x3),1" form (one count per node id).
 // Without it, this node is taken to run one task.
 int slurm_local_world(const EnvMap& vars, const std::string& var, int node_id, int local_id) {
-  const std::string* spec = find(vars, var);
+  const std::string* spec = lookup(vars, var);
   if (spec == nullptr) {
     if (local_id > 0) {
       throw Error(fmt::format(
@@ -295,7 +233,7 @@ void derive_slurm_store(const EnvMap& vars, Environment& env) {
     throw Error(fmt::format("SLURM_STEP_NODELIST: {}", e.what()));
   }
   int port = 0;
-  if (const std::string* value = find(vars, "DTRAIN_STORE_PORT")) {
+  if (const std::string* value = lookup(vars, "DTRAIN_STORE_PORT")) {
     port = port_in_range("DTRAIN_STORE_PORT", *value);
   } else {
     port = slurm_store_port(env.slurm_job_id, env.slurm_step_id);
@@ -308,20 +246,20 @@ void derive_slurm_store(const EnvMap& vars, Environment& env) {
 Environment from_srun(const EnvMap& vars) {
   const std::string starter = starter_name(Starter::slurm);
   const std::string world_var =
-      has(vars, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+      is_set(vars, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
   const std::string tasks_var =
-      has(vars, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+      is_set(vars, "SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
   Sources src{"SLURM_PROCID", world_var, "SLURM_LOCALID", tasks_var, "SLURM_NODEID"};
   Environment env;
   env.starter = Starter::slurm;
-  env.rank = parse_int(src.rank, *find(vars, src.rank));
-  if (!has(vars, world_var)) {
+  env.rank = parse_int(src.rank, *lookup(vars, src.rank));
+  if (!is_set(vars, world_var)) {
     throw Error(
         "SLURM_PROCID is set inside an srun step but neither SLURM_STEP_NUM_TASKS nor "
         "SLURM_NTASKS is: srun sets them; start the worker with srun, or set "
         "SLURM_NTASKS");
   }
-  env.world_size = parse_int(world_var, *find(vars, world_var));
+  env.world_size = parse_int(world_var, *lookup(vars, world_var));
   env.local_rank = required_int(vars, src.local_rank, src.rank, starter);
   env.node_rank = required_int(vars, src.node_rank, src.rank, starter);
   env.local_world_size = slurm_local_world(vars, tasks_var, env.node_rank, env.local_rank);
@@ -350,15 +288,15 @@ Environment single_process(const EnvMap& vars) {
 }
 
 Environment detect_starter(const EnvMap& vars) {
-  if (has(vars, "DTRAIN_RANK")) return from_launcher(vars);
+  if (is_set(vars, "DTRAIN_RANK")) return from_launcher(vars);
   for (const char* name : kLauncherLayoutVars) {
-    if (has(vars, name)) throw_missing(name, "DTRAIN_RANK", starter_name(Starter::launcher));
+    if (is_set(vars, name)) throw_missing(name, "DTRAIN_RANK", starter_name(Starter::launcher));
   }
   for (const char* name : kTorchrunVars) {
-    if (has(vars, name)) return from_torchrun(vars);
+    if (is_set(vars, name)) return from_torchrun(vars);
   }
-  if (has(vars, "OMPI_COMM_WORLD_RANK")) return from_mpirun(vars);
-  if (has(vars, "SLURM_PROCID") && (has(vars, "SLURM_STEP_ID") || has(vars, "SLURM_STEPID"))) {
+  if (is_set(vars, "OMPI_COMM_WORLD_RANK")) return from_mpirun(vars);
+  if (is_set(vars, "SLURM_PROCID") && (is_set(vars, "SLURM_STEP_ID") || is_set(vars, "SLURM_STEPID"))) {
     return from_srun(vars);
   }
   return single_process(vars);
@@ -392,54 +330,6 @@ Environment detect_environment(const EnvMap& vars) {
   env.cuda_visible_devices = value_or(vars, "CUDA_VISIBLE_DEVICES", "");
   env.slurm_gpus = value_or(vars, "SLURM_STEP_GPUS", value_or(vars, "SLURM_JOB_GPUS", ""));
   return env;
-}
-
-EnvMap process_environment() {
-  EnvMap vars;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view text(*entry);
-    const size_t eq = text.find('=');
-    if (eq == std::string_view::npos) continue;
-    vars.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
-  }
-  return vars;
-}
-
-HostPort parse_host_port(const std::string& address, const std::string& variable) {
-  const auto fail = [&](std::string_view problem) {
-    throw Error(
-        fmt::format("{}='{}' is not host:port ({}); write it like 'node1:29500' or "
-                    "'[::1]:29500'",
-                    variable, address, problem));
-  };
-  for (const char c : address) {
-    if (!std::isgraph(static_cast<unsigned char>(c))) fail("it contains whitespace");
-  }
-  HostPort result;
-  size_t port_at = 0;
-  if (!address.empty() && address.front() == '[') {
-    const size_t close = address.find(']');
-    if (close == std::string::npos) fail("'[' is never closed");
-    result.host = address.substr(1, close - 1);
-    if (close + 1 >= address.size() || address[close + 1] != ':') fail("no ':port' after ']'");
-    port_at = close + 2;
-  } else {
-    const size_t colon = address.rfind(':');
-    if (colon == std::string::npos) fail("no ':port'");
-    result.host = address.substr(0, colon);
-    if (result.host.find(':') != std::string::npos) fail("an IPv6 host needs brackets");
-    if (result.host.find_first_of("[]") != std::string::npos) fail("stray bracket");
-    port_at = colon + 1;
-  }
-  if (result.host.empty()) fail("the host is empty");
-  const std::string port = address.substr(port_at);
-  const char* end = port.data() + port.size();
-  const auto [ptr, ec] = std::from_chars(port.data(), end, result.port);
-  if (port.empty() || ec != std::errc() || ptr != end || result.port < 1 ||
-      result.port > kMaxPort) {
-    fail(fmt::format("the port must be a number from 1 to {}", kMaxPort));
-  }
-  return result;
 }
 
 }  // namespace dtrain::cluster

@@ -20,9 +20,10 @@
 // torchrun's static rendezvous), dtrain's goes on MASTER_PORT + 1.
 #pragma once
 
-#include <map>
 #include <optional>
 #include <string>
+
+#include "cluster/env_vars.h"
 
 namespace dtrain::cluster {
 
@@ -60,25 +61,9 @@ struct Environment {
   std::string describe() const;
 };
 
-using EnvMap = std::map<std::string, std::string>;
-
 // Reads an Environment from `vars` (pure; tests pass their own map).
 // Throws dtrain::Error naming the variables that are missing, malformed or
 // in conflict, and what to do.
 Environment detect_environment(const EnvMap& vars);
-
-// The process's own environment (environ) as an EnvMap.
-EnvMap process_environment();
-
-// A store address split into its parts: "node1:29500" -> {"node1", 29500},
-// "[::1]:29500" -> {"::1", 29500} (an IPv6 host must be in brackets).
-struct HostPort {
-  std::string host;  // without the brackets of an IPv6 literal
-  int port = 0;      // 1..65535
-};
-
-// Throws dtrain::Error naming `variable` (e.g. "DTRAIN_STORE") and the value
-// when `address` is not host:port.
-HostPort parse_host_port(const std::string& address, const std::string& variable);
 
 }  // namespace dtrain::cluster

@@ -1,6 +1,5 @@
 #include "launcher/options.h"
 
-#include <charconv>
 #include <filesystem>
 #include <thread>
 
@@ -8,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cluster/devices.h"
+#include "cluster/env_vars.h"
 #include "cluster/hostlist.h"
 #include "cluster/slurm_store.h"
 #include "core/command_line.h"
@@ -19,20 +19,6 @@ namespace {
 // torchrun's defaults for the half of --master-addr/--master-port not given.
 constexpr const char* kMasterAddr = "127.0.0.1";
 constexpr int kMasterPort = 29500;
-
-const std::string* find(const cluster::EnvMap& env, const std::string& name) {
-  const auto it = env.find(name);
-  return it == env.end() || it->second.empty() ? nullptr : &it->second;
-}
-
-int parse_int(const std::string& what, const std::string& text) {
-  int value = 0;
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || ptr != text.data() + text.size()) {
-    throw Error(fmt::format("{}='{}' is not an integer", what, text));
-  }
-  return value;
-}
 
 // What the command line says before it becomes LaunchOptions.
 struct RawArgs {
@@ -149,23 +135,23 @@ void set_endpoint(LaunchOptions& o, const RawArgs& raw) {
 
 // srun --ntasks-per-node=1 dtrain-launch ...: one agent per node of the job.
 void resolve_from_slurm(LaunchOptions& o, const cluster::EnvMap& env) {
-  const std::string* nnodes = find(env, "SLURM_NNODES");
-  const std::string* nodeid = find(env, "SLURM_NODEID");
-  const std::string* nodelist = find(env, "SLURM_STEP_NODELIST");
-  if (nodelist == nullptr) nodelist = find(env, "SLURM_JOB_NODELIST");
+  const std::string* nnodes = cluster::lookup(env, "SLURM_NNODES");
+  const std::string* nodeid = cluster::lookup(env, "SLURM_NODEID");
+  const std::string* nodelist = cluster::lookup(env, "SLURM_STEP_NODELIST");
+  if (nodelist == nullptr) nodelist = cluster::lookup(env, "SLURM_JOB_NODELIST");
   if (nnodes == nullptr || nodeid == nullptr || nodelist == nullptr) {
     throw Error("SLURM_JOB_ID is set but SLURM_NNODES, SLURM_NODEID or SLURM_STEP_NODELIST is not: start "
                 "dtrain-launch with srun --ntasks-per-node=1, or pass --nnodes, --node-rank and "
                 "--rdzv-endpoint (or --standalone)");
   }
-  const std::string& job = *find(env, "SLURM_JOB_ID");
-  o.min_nodes = o.max_nodes = parse_int("SLURM_NNODES", *nnodes);
-  o.node_rank = parse_int("SLURM_NODEID", *nodeid);
+  const std::string& job = *cluster::lookup(env, "SLURM_JOB_ID");
+  o.min_nodes = o.max_nodes = cluster::parse_int("SLURM_NNODES", *nnodes);
+  o.node_rank = cluster::parse_int("SLURM_NODEID", *nodeid);
   o.endpoint_host = cluster::first_host(*nodelist);
-  if (const std::string* port = find(env, "DTRAIN_STORE_PORT")) {
-    o.endpoint_port = parse_int("DTRAIN_STORE_PORT", *port);
+  if (const std::string* port = cluster::lookup(env, "DTRAIN_STORE_PORT")) {
+    o.endpoint_port = cluster::parse_int("DTRAIN_STORE_PORT", *port);
   } else {
-    const std::string* step = find(env, "SLURM_STEP_ID");
+    const std::string* step = cluster::lookup(env, "SLURM_STEP_ID");
     o.endpoint_port = cluster::slurm_store_port(job, step != nullptr ? *step : "0");
   }
   if (o.run_id.empty()) o.run_id = job;
@@ -205,10 +191,10 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   const auto colon = text.find(':');
   try {
     if (colon == std::string::npos) {
-      const int n = parse_int("--nnodes", text);
+      const int n = cluster::parse_int("--nnodes", text);
       return {n, n};
     }
-    return {parse_int("--nnodes", text.substr(0, colon)), parse_int("--nnodes", text.substr(colon + 1))};
+    return {cluster::parse_int("--nnodes", text.substr(0, colon)), cluster::parse_int("--nnodes", text.substr(colon + 1))};
   } catch (const Error&) {
     throw Error(fmt::format("--nnodes '{}' is neither N nor MIN:MAX", text));
   }
@@ -274,7 +260,7 @@ int resolve_nproc_per_node(const std::string& spec, const NodeResources& node) {
     return node.gpus;
   }
   try {
-    return parse_int("--nproc-per-node", spec);
+    return cluster::parse_int("--nproc-per-node", spec);
   } catch (const Error&) {
     throw Error(fmt::format("--nproc-per-node '{}' is none of N, auto, cpu or gpu", spec));
   }
@@ -283,7 +269,7 @@ int resolve_nproc_per_node(const std::string& spec, const NodeResources& node) {
 void resolve_options(LaunchOptions& o, const cluster::EnvMap& env, const NodeResources& node) {
   o.nproc_per_node = resolve_nproc_per_node(o.nproc_spec, node);
   const bool given = o.standalone || !o.endpoint_host.empty();
-  if (!given && find(env, "SLURM_JOB_ID") != nullptr) resolve_from_slurm(o, env);
+  if (!given && cluster::lookup(env, "SLURM_JOB_ID") != nullptr) resolve_from_slurm(o, env);
   if (!o.standalone && o.endpoint_host.empty()) {
     if (o.max_nodes > 1) {
       throw Error("a job of several nodes needs --rdzv-endpoint HOST:PORT (the host of node rank 0), or run "
