@@ -1,9 +1,11 @@
 #include "core/command_line.h"
 
+#include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/exit_codes.h"
 #include "dtrain/config.h"
 
@@ -25,6 +27,23 @@ std::optional<double> number(const std::string& text) {
 }  // namespace
 
 std::string version_text(std::string_view binary) { return fmt::format("{} {}", binary, DTRAIN_VERSION); }
+
+int run_main(std::string_view binary, const std::function<int()>& body, bool comm_errors_exit_at_once) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    std::cerr << fmt::format("{}: error: {}", binary, e.what()) << std::endl;
+    const bool comm = dynamic_cast<const TimeoutError*>(&e) != nullptr || dynamic_cast<const CommError*>(&e) != nullptr;
+    if (comm && comm_errors_exit_at_once) {
+      std::cout.flush();
+      std::_Exit(kExitError);
+    }
+    return kExitError;
+  } catch (const std::exception& e) {
+    std::cerr << fmt::format("{}: unexpected error: {}", binary, e.what()) << std::endl;
+    return kExitUnexpected;
+  }
+}
 
 std::optional<int> parse_args(CLI::App& app, int argc, const char* const* argv, std::string_view binary) {
   if (app.get_option_no_throw("--version") == nullptr) app.set_version_flag("--version", version_text(binary));

@@ -7,14 +7,14 @@
 #include <vector>
 
 #include "cluster/environment.h"
-#include "core/error.h"
+#include "core/command_line.h"
 #include "core/exit_codes.h"
 #include "launcher/agent.h"
 #include "launcher/options.h"
 
 int main(int argc, char** argv) {
   namespace launcher = dtrain::launcher;
-  try {
+  return dtrain::run_main("dtrain-launch", [&] {
     launcher::install_launcher_signals();
     std::string message;  // --help, --version
     launcher::LaunchOptions options =
@@ -28,11 +28,5 @@ int main(int argc, char** argv) {
     launcher::Console console;
     launcher::Agent agent(std::move(options), env, console);
     return agent.run();
-  } catch (const dtrain::Error& e) {
-    std::cerr << "dtrain-launch: error: " << e.what() << std::endl;
-    return dtrain::kExitError;
-  } catch (const std::exception& e) {
-    std::cerr << "dtrain-launch: unexpected error: " << e.what() << std::endl;
-    return dtrain::kExitUnexpected;
-  }
+  });
 }

@@ -5,14 +5,12 @@
 //   dtrain-bench allreduce|reduce_scatter|allgather|broadcast --backend auto|gloo|mpi|nccl
 //       [--min-bytes 8] [--max-bytes 64M] [--step-factor 2] [--iters 20] [--warmup 5]
 //       [--dtype f32|bf16|f16] [--op sum|avg|max] [--root R] [--timeout-s S]
-#include <exception>
 #include <iostream>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "core/command_line.h"
-#include "core/error.h"
 #include "core/process.h"
 #include "tools/bench_collectives.h"
 #include "tools/bench_checkpoint.h"
@@ -92,7 +90,7 @@ int main(int argc, char** argv) {
       add_collective_command(app, "allgather", "allgather bandwidth and correctness", collective),
       add_collective_command(app, "broadcast", "broadcast bandwidth and correctness", collective)};
   if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-bench")) return *code;
-  try {
+  return dtrain::run_main("dtrain-bench", [&] {
     dtrain::configure_malloc_for_training();  // before any benchmark allocates
     if (train_cmd->parsed()) return dtrain::tools::run_train_bench(train);
     if (checkpoint_cmd->parsed()) return dtrain::tools::run_checkpoint_bench(checkpoint);
@@ -101,12 +99,6 @@ int main(int argc, char** argv) {
       collective.collective = cmd->get_name();
       return dtrain::tools::run_collective_bench(collective);
     }
-  } catch (const dtrain::Error& e) {
-    std::cerr << "dtrain-bench: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "dtrain-bench: unexpected error: " << e.what() << "\n";
-    return 3;
-  }
-  return 0;
+    return 0;
+  });
 }

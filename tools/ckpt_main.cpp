@@ -6,7 +6,6 @@
 //   dtrain-ckpt export DIR --format triton --out REPO [--name NAME] [--max-batch N] [--quantize int8]
 // DIR: a checkpoint root (inspect and export use the step `latest` names) or a
 // step directory (step_NNNNNNNNN).
-#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -14,7 +13,6 @@
 #include <CLI/CLI.hpp>
 
 #include "core/command_line.h"
-#include "core/error.h"
 #include "tools/ckpt_commands.h"
 
 namespace {
@@ -47,7 +45,7 @@ int main(int argc, char** argv) {
   exporter->add_option("--name", export_options.name, "triton: the model's name (default dtrain_<kind>[_int8])");
   exporter->add_option("--max-batch", export_options.max_batch, "triton: max_batch_size (default 32)");
   if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-ckpt")) return *code;
-  try {
+  return dtrain::run_main("dtrain-ckpt", [&] {
     if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);
     if (verify->parsed()) return dtrain::tools::run_ckpt_verify(verify_dir, std::cout, ignore_uncommitted);
     if (exporter->parsed()) {
@@ -55,12 +53,6 @@ int main(int argc, char** argv) {
       export_options.out = export_out;
       return dtrain::tools::run_ckpt_export(export_options, std::cout);
     }
-  } catch (const dtrain::Error& e) {
-    std::cerr << "dtrain-ckpt: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "dtrain-ckpt: unexpected error: " << e.what() << "\n";
-    return 3;
-  }
-  return 0;
+    return 0;
+  });
 }

@@ -3,14 +3,12 @@
 // Samples from a language model checkpoint (tools/generate.h). Prints the
 // prompt and the new text (or token ids) on stdout; with --stats, the time
 // and tokens/s on stderr.
-#include <exception>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "core/command_line.h"
-#include "core/error.h"
 #include "tools/generate.h"
 
 int main(int argc, char** argv) {
@@ -26,7 +24,7 @@ int main(int argc, char** argv) {
   app.add_flag("--recompute", o.recompute, "recompute the whole prefix for each token (no cache; for comparison)");
   app.add_flag("--stats", stats, "print the time and tokens/s on stderr");
   if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-generate")) return *code;
-  try {
+  return dtrain::run_main("dtrain-generate", [&] {
     const dtrain::tools::Generated g = dtrain::tools::generate(o);
     if (g.text) std::cout << std::string(g.prompt.begin(), g.prompt.end());
     std::cout << dtrain::tools::render(g) << std::endl;
@@ -36,11 +34,5 @@ int main(int argc, char** argv) {
                                g.seconds > 0.0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0);
     }
     return 0;
-  } catch (const dtrain::Error& e) {
-    std::cerr << "dtrain-generate: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "dtrain-generate: unexpected error: " << e.what() << "\n";
-    return 3;
-  }
+  });
 }

@@ -2,8 +2,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <exception>
 #include <functional>
 #include <thread>
 #include <iostream>
@@ -17,7 +15,6 @@
 #include "comm/connect.h"
 #include "core/command_line.h"
 #include "core/error.h"
-#include "core/exit_codes.h"
 #include "core/process.h"
 #include "telemetry/metrics_http.h"
 #include "telemetry/metrics_render.h"
@@ -239,27 +236,18 @@ int train(const WorkerArgs& args) {
 
 // Exit codes (core/exit_codes.h): a usage error or a dtrain::Error 2, an
 // unexpected one 3; a failed collective may leave a comm thread that never
-// returns, hence _Exit.
+// returns, hence an exit at once (core/command_line.h: run_main).
 int main(int argc, char** argv) {
-  try {
-    dtrain::configure_malloc_for_training();
-    dtrain::worker::install_stop_signals();
-    CLI::App app{"dtrain-worker: one rank of a dtrain training job"};
-    WorkerArgs args;
-    add_options(app, args);
-    if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-worker")) return *code;
-    return train(args);
-  } catch (const dtrain::TimeoutError& e) {
-    std::cerr << "dtrain-worker: error: " << e.what() << std::endl;
-    std::_Exit(dtrain::kExitError);  // the comm thread may be stuck inside a library call
-  } catch (const dtrain::CommError& e) {
-    std::cerr << "dtrain-worker: error: " << e.what() << std::endl;
-    std::_Exit(dtrain::kExitError);  // the comm thread may be stuck inside a library call
-  } catch (const dtrain::Error& e) {
-    std::cerr << "dtrain-worker: error: " << e.what() << "\n";
-    return dtrain::kExitError;
-  } catch (const std::exception& e) {
-    std::cerr << "dtrain-worker: unexpected error: " << e.what() << "\n";
-    return dtrain::kExitUnexpected;
-  }
+  return dtrain::run_main(
+      "dtrain-worker",
+      [&] {
+        dtrain::configure_malloc_for_training();
+        dtrain::worker::install_stop_signals();
+        CLI::App app{"dtrain-worker: one rank of a dtrain training job"};
+        WorkerArgs args;
+        add_options(app, args);
+        if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-worker")) return *code;
+        return train(args);
+      },
+      /*comm_errors_exit_at_once=*/true);
 }
