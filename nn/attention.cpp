@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "nn/attention_steps.h"
+#include "nn/cpu/kernel_profile.h"
 #include "nn/cpu/matmul.h"
 #include "nn/cpu/parallel.h"
 #include "nn/cpu/vec_math.h"
@@ -23,6 +24,7 @@ void copy_heads(const AttentionShape& s, bool to_heads, T* interleaved, std::int
   const std::int64_t hd = s.head_dim;
   const std::int64_t row = parts * s.d_model();
   const auto bytes = static_cast<std::size_t>(hd) * sizeof(T);
+  const cpu::KernelTimer timer(cpu::KernelKind::head_copy, 2.0 * static_cast<double>(s.head_elems() * sizeof(T)));
 #pragma omp parallel for collapse(2) schedule(static) if (s.head_elems() >= kParallelMin)
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads; ++h) {
@@ -62,6 +64,8 @@ void for_each_score_row(const AttentionShape& s, Fn fn) {
 template <class F>
 void softmax_rows(const AttentionShape& s, float* scores, typename F::T* probs) {
   const std::int64_t T = s.seq;
+  const double elems = static_cast<double>(s.batch * s.heads * T * T);
+  const cpu::KernelTimer timer(cpu::KernelKind::softmax_forward, elems * (4 + sizeof(typename F::T)));  // S in, P out
   for_each_score_row(s, [&](std::int64_t r) {
     float* e = scores + r * T;
     typename F::T* p = probs + r * T;
@@ -84,6 +88,9 @@ template <class F>
 void softmax_backward_rows(const AttentionShape& s, const typename F::T* probs, const float* dp,
                            typename F::T* d_scores) {
   const std::int64_t T = s.seq;
+  const double elems = static_cast<double>(s.batch * s.heads * T * T);
+  const cpu::KernelTimer timer(cpu::KernelKind::softmax_backward,
+                               elems * (4 + 2 * sizeof(typename F::T)));  // P and dP in, dS out
   for_each_score_row(s, [&](std::int64_t r) {
     const typename F::T* pr = probs + r * T;
     const float* dr = dp + r * T;

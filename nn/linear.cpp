@@ -1,5 +1,6 @@
 #include "nn/linear.h"
 
+#include "nn/cpu/kernel_profile.h"
 #include "nn/cpu/matmul.h"
 
 namespace dtrain::nn {
@@ -11,6 +12,8 @@ namespace {
 // dbias[out] += the sum of dy's n rows (widened from format F).
 template <class F>
 void add_rows(const typename F::T* dy, std::int64_t n, std::int64_t out, float* dbias) {
+  const double bytes = static_cast<double>(n * out) * sizeof(typename F::T) + 8.0 * static_cast<double>(out);
+  const cpu::KernelTimer timer(cpu::KernelKind::bias_grad, bytes);  // dy read, dbias updated
   for (std::int64_t i = 0; i < n; ++i) {
     const typename F::T* row = dy + i * out;
     for (std::int64_t j = 0; j < out; ++j) dbias[j] += F::load(row[j]);

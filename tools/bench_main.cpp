@@ -1,5 +1,6 @@
 // dtrain-bench: benchmarks whose figures can be compared (docs/ARCHITECTURE.md, "Command lines").
-//   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--peak-flops F] [--set a.b=v ...]
+//   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--peak-flops F] [--profile]
+//       [--set a.b=v ...]
 //       (multi-rank under mpirun, srun or dtrain-launch: ZeRO stage parallel.zero_stage)
 //   dtrain-bench checkpoint --config FILE [--dir D] [--repeats R] [--set a.b=v ...]
 //   dtrain-bench allreduce|reduce_scatter|allgather|broadcast --backend auto|gloo|mpi|nccl
@@ -29,6 +30,8 @@ CLI::App* add_train_command(CLI::App& app, dtrain::tools::TrainBenchOptions& tra
       ->check(dtrain::more_than(0));
   cmd->add_option("--peak-flops", train.peak_flops,
                   "device cuda: the GPU's peak FLOP/s for MFU (default: H100/H200 dense, 989e12 bf16/fp16, 67e12 fp32)");
+  cmd->add_flag("--profile", train.profile,
+               "device cpu: time every kernel of the timed steps (ms, share, calls, GFLOP/s or GB/s per step)");
   cmd->add_option("--set", train.overrides, "override a config field")->take_all();
   return cmd;
 }

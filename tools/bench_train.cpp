@@ -13,8 +13,12 @@
 
 #include "cluster/environment.h"
 #include "comm/connect.h"
+#include "core/error.h"
 #include "core/process.h"
+#include "nn/cpu/host_device.h"
+#include "nn/cpu/kernel_profile.h"
 #include "nn/cpu/matmul.h"
+#include "tools/bench_profile.h"
 #include "worker/config.h"
 #include "worker/trainer.h"
 
@@ -49,24 +53,33 @@ World join_world(const config::Config& config) {
 // rank's once reduced).
 struct Timing {
   std::vector<double> seconds;
+  double own_seconds = 0.0;      // this rank's steps, summed (before take_slowest)
   double comm_seconds = 0.0;     // summed over the timed steps
   double exposed_seconds = 0.0;
   double hidden_share = 0.0;     // summed; mean = / steps
   long faults = 0;
 };
 
-Timing time_steps(worker::Trainer& trainer, const TrainBenchOptions& options) {
+// profile: the host device's kernels are timed into it over the timed steps only.
+Timing time_steps(worker::Trainer& trainer, const TrainBenchOptions& options, nn::cpu::KernelProfile* profile) {
   for (int i = 0; i < options.warmup; ++i) trainer.step();
+  auto* host = profile != nullptr ? dynamic_cast<nn::cpu::HostDevice*>(&trainer.device()) : nullptr;
+  if (host != nullptr) host->set_profile(profile);
   Timing t;
   const long faults_before = minor_page_faults();
   for (int i = 0; i < options.steps; ++i) {
     t.seconds.push_back(trainer.step().seconds);
+    t.own_seconds += t.seconds.back();
     const sharding::CommStats& c = trainer.engine().comm_stats();
     t.comm_seconds += c.comm_seconds;
     t.exposed_seconds += c.exposed_seconds;
     t.hidden_share += c.hidden_share();
   }
   t.faults = minor_page_faults() - faults_before;
+  if (host != nullptr) {
+    host->set_profile(nullptr);
+    host->synchronize();  // a queued device's timings are complete once its queue ran
+  }
   return t;
 }
 
@@ -123,6 +136,7 @@ std::string reproduce_command(const TrainBenchOptions& o, const World& w) {
   std::string cmd = fmt::format("{}dtrain-bench train --config {} --steps {}", prefix,
                                 o.config_path, o.steps);
   if (o.peak_flops > 0.0) cmd += fmt::format(" --peak-flops {:g}", o.peak_flops);
+  if (o.profile) cmd += " --profile";
   for (const std::string& s : o.overrides) cmd += " --set " + s;
   return cmd;
 }
@@ -220,10 +234,15 @@ int run_train_bench(const TrainBenchOptions& options) {
   // The dataset's sequence length (e.g. patches per image), not the config's.
   const double flops_per_token = trainer.model().flops_per_token(trainer.seq_len());
   const bool cuda = trainer.on_device();
+  if (options.profile && dynamic_cast<nn::cpu::HostDevice*>(&trainer.device()) == nullptr) {
+    throw Error(fmt::format("--profile times the CPU's kernels; this run is on {} (use the GPU's own profiler, "
+                            "e.g. nsys)", trainer.device().name()));
+  }
   const GpuPeak gpu = cuda ? gpu_peak(config, options) : GpuPeak{};
   const double peak = cuda ? gpu.gflops : nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds);
 
-  Timing t = time_steps(trainer, options);
+  nn::cpu::KernelProfile profile;
+  Timing t = time_steps(trainer, options, options.profile ? &profile : nullptr);
   take_slowest(t.seconds, world.comm.get());
   if (world.env.rank != 0) return 0;
   const int ranks = world.env.world_size;
@@ -242,6 +261,10 @@ int run_train_bench(const TrainBenchOptions& options) {
     print_device_lines(trainer, world, gpu);
   } else {
     print_parallel_lines(trainer, world, t, r.tokens_per_s / ranks);
+  }
+  if (options.profile) {
+    print_profile(profile, {.steps = options.steps, .step_seconds = t.own_seconds, .gemm_peak_gflops = peak},
+                  std::cout);
   }
   std::cout << "command: " << reproduce_command(options, world) << "\n" << std::flush;
   return 0;

@@ -139,12 +139,16 @@ void HostDevice::release(void* p) noexcept { std::free(p); }
 
 void HostDevice::push(std::function<void()> fn) { queue_->push(std::move(fn)); }
 
+void HostDevice::set_profile(KernelProfile* profile) {
+  run([profile] { set_thread_profile(profile); });
+}
+
 void HostDevice::copy(void* dst, const void* src, std::size_t bytes) {
-  run([=] { std::memcpy(dst, src, bytes); });
+  run(KernelKind::copy, 2.0 * static_cast<double>(bytes), [=] { std::memcpy(dst, src, bytes); });
 }
 
 void HostDevice::zero(void* dst, std::size_t bytes) {
-  run([=] { std::memset(dst, 0, bytes); });
+  run(KernelKind::zero, static_cast<double>(bytes), [=] { std::memset(dst, 0, bytes); });
 }
 
 FencePtr HostDevice::fence() {
@@ -156,7 +160,7 @@ void HostDevice::wait(const FencePtr& fence) {
   if (fence == nullptr) return;
   const auto timeout = fence_wait_limit(options_.timeout);
   const std::string device = name();
-  run([fence, timeout, device] {
+  run(KernelKind::comm_wait, 0.0, [fence, timeout, device] {
     if (!fence->wait_until(Fence::Clock::now() + timeout)) {
       throw TimeoutError(fmt::format("{}: a wait for other work (a collective) did not end within {} ms", device,
                                      timeout.count()));
@@ -172,26 +176,30 @@ void HostDevice::synchronize() {
 }
 
 void HostDevice::to_half(const float* src, std::uint16_t* dst, DType half, std::int64_t n) {
-  run([=] { f32_to_half(src, half, dst, n); });
+  run(KernelKind::convert, 6.0 * static_cast<double>(n), [=] { f32_to_half(src, half, dst, n); });
 }
 
 void HostDevice::to_f32(const std::uint16_t* src, DType half, float* dst, std::int64_t n, bool accumulate) {
-  run([=] { accumulate ? add_half_to_f32(src, half, dst, n) : half_to_f32(src, half, dst, n); });
+  const double bytes = (accumulate ? 10.0 : 6.0) * static_cast<double>(n);  // dst also read when accumulating
+  run(KernelKind::convert, bytes,
+      [=] { accumulate ? add_half_to_f32(src, half, dst, n) : half_to_f32(src, half, dst, n); });
 }
 
 void HostDevice::add(float* dst, const float* src, std::int64_t n) {
-  run([=] {
+  run(KernelKind::add, 12.0 * static_cast<double>(n), [=] {
     for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
   });
 }
 
 void HostDevice::sum_of_squares(const float* x, std::int64_t n, double* total) {
-  run([=] { *total += nn::sum_of_squares(x, n); });
+  run(KernelKind::sum_of_squares, 4.0 * static_cast<double>(n), [=] { *total += nn::sum_of_squares(x, n); });
 }
 
 void HostDevice::adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
                        const AdamWHyper& hyper, float weight_decay, std::int64_t step, float grad_scale) {
-  run([=] { adamw_update(param, grad, exp_avg, exp_avg_sq, n, hyper, weight_decay, step, grad_scale); });
+  // param, exp_avg and exp_avg_sq read and written, grad read: 28 bytes an element.
+  run(KernelKind::adamw, 28.0 * static_cast<double>(n),
+      [=] { adamw_update(param, grad, exp_avg, exp_avg_sq, n, hyper, weight_decay, step, grad_scale); });
 }
 
 }  // namespace dtrain::nn::cpu

@@ -16,6 +16,9 @@
 // GPU does, so its users stage state through host copies as they must on a
 // GPU (the memory is host memory all the same).
 //
+// Profiling: with set_profile, every kernel, copy and wait is timed into a
+// KernelProfile on the thread that runs it (nn/cpu/kernel_profile.h).
+//
 // Threading: one thread submits; fences may be waited on from any thread.
 #pragma once
 
@@ -24,6 +27,7 @@
 #include <memory>
 #include <utility>
 
+#include "nn/cpu/kernel_profile.h"
 #include "nn/device.h"
 
 namespace dtrain::nn::cpu {
@@ -66,7 +70,29 @@ class HostDevice final : public Device {
   std::unique_ptr<Model> make_model(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
                                     std::int64_t seq_len) override;
 
-  // Runs fn now (plain) or queues it (queued). fn must own or outlive what it uses.
+  // Times the work submitted from now on into `profile` (null: no more), on
+  // the thread that runs it: the caller's (plain) or the queue's (queued),
+  // whose profile the caller reads after synchronize(). The profile must
+  // outlive the timed work.
+  void set_profile(KernelProfile* profile);
+
+  // Runs fn now (plain) or queues it (queued) as one `kind` kernel doing
+  // `work` (nn/cpu/kernel_profile.h: FLOPs or bytes). fn must own or outlive
+  // what it uses.
+  template <class Fn>
+  void run(KernelKind kind, double work, Fn&& fn) {
+    if (queue_ == nullptr) {
+      const KernelTimer timer(kind, work);
+      fn();
+    } else {
+      push(std::function<void()>([kind, work, fn = std::forward<Fn>(fn)]() mutable {
+        const KernelTimer timer(kind, work);
+        fn();
+      }));
+    }
+  }
+  // The same, untimed as a whole: for kernels whose parts time themselves
+  // (a linear's GEMMs and bias gradient, attention's steps).
   template <class Fn>
   void run(Fn&& fn) {
     if (queue_ == nullptr) {

@@ -3,6 +3,11 @@
 // function of nn/ of the same name, run inline or queued by the device. F is
 // the storage format of matmul operands and saved activations
 // (F32Format, Bf16Format, F16Format; nn/cpu/convert.h).
+//
+// Each call is timed as one kernel of its kind with the bytes it moves
+// (nn/cpu/kernel_profile.h: every operand read once, every result written
+// once); a linear's and attention's parts time themselves (GEMMs, bias
+// gradient, softmax, head copies).
 #pragma once
 
 #include <type_traits>
@@ -10,6 +15,7 @@
 #include "nn/attention.h"
 #include "nn/cpu/convert.h"
 #include "nn/cpu/host_device.h"
+#include "nn/cpu/kernel_profile.h"
 #include "nn/cross_entropy.h"
 #include "nn/dropout.h"
 #include "nn/embedding.h"
@@ -27,16 +33,23 @@ class HostKernels {
 
   explicit HostKernels(HostDevice& device) : dev_(&device) {}
 
+  // x, w, b read; y, mean, rstd written.
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
                          std::int64_t n, std::int64_t c) {
-    dev_->run([=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c); });
+    const double bytes = f32(n * c + 2 * c + 2 * n) + elements<E>(n * c);
+    dev_->run(KernelKind::layernorm_forward, bytes,
+              [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c); });
   }
+  // dy, x, w, mean, rstd read; dx written (and read when accumulated); dw, db updated.
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                           float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx) {
-    dev_->run([=] { nn::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx); });
+    const double bytes = f32((accumulate_dx ? 4 : 3) * n * c + 5 * c + 2 * n);
+    dev_->run(KernelKind::layernorm_backward, bytes,
+              [=] { nn::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx); });
   }
 
+  // Untimed as a whole: the GEMMs and the bias gradient time themselves.
   template <class X, class Y>
   void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,
                       std::int64_t out, bool accumulate) {
@@ -48,6 +61,7 @@ class HostKernels {
     dev_->run([=] { nn::linear_backward<Fmt<X>, Fmt<D>>(dy, x, w, dx, dw, db, n, in, out, false, dy_f32); });
   }
 
+  // Untimed as a whole: each product, softmax pass and head copy times itself.
   void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
                          const AttentionScratch<T>& scratch) {
     dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved, scratch); });
@@ -59,56 +73,70 @@ class HostKernels {
 
   void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,
                         T* k_cache, T* v_cache, T* out, float* scores) {
-    dev_->run([=] { nn::attention_cached<F>(s, first, capacity, qkv, k_cache, v_cache, out, scores); });
+    dev_->run(KernelKind::attention_decode, 0.0,
+              [=] { nn::attention_cached<F>(s, first, capacity, qkv, k_cache, v_cache, out, scores); });
   }
 
+  // x read, y and dydx (when given) written; backward reads two, writes one.
   void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
-    dev_->run([=] { nn::gelu_forward<F>(x, y, dydx, n); });
+    dev_->run(KernelKind::gelu_forward, elements<T>((dydx != nullptr ? 3 : 2) * n),
+              [=] { nn::gelu_forward<F>(x, y, dydx, n); });
   }
   void gelu_backward(const T* dy, const T* dydx, T* dx, std::int64_t n) {
-    dev_->run([=] { nn::gelu_backward<F>(dy, dydx, dx, n); });
+    dev_->run(KernelKind::gelu_backward, elements<T>(3 * n), [=] { nn::gelu_backward<F>(dy, dydx, dx, n); });
   }
   void to_storage(const float* x, T* y, std::int64_t n) {
-    dev_->run([=] {
+    dev_->run(KernelKind::convert, f32(n) + elements<T>(n), [=] {
       for (std::int64_t i = 0; i < n; ++i) y[i] = F::store(x[i]);
     });
   }
 
+  // Dropout updates x in place; the residual reads two and writes one.
   void dropout(float* x, std::int64_t n, float p, std::uint64_t key) {
-    dev_->run([=] { dropout_apply(x, n, p, key); });
+    dev_->run(KernelKind::dropout, f32(2 * n), [=] { dropout_apply(x, n, p, key); });
   }
   void residual(const float* x, const float* branch, float* out, std::int64_t n) {
-    dev_->run([=] {
+    dev_->run(KernelKind::residual, f32(3 * n), [=] {
       for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] + branch[i];
     });
   }
 
+  // Embeddings: tokens, the rows they pick and the positions read, out
+  // written; backward updates the rows and positions. Patches: only what
+  // is outside the linear's GEMM and bias gradient (the positions).
   void token_embedding_forward(const std::int32_t* tokens, const float* table, const float* pos, float* out,
                                std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t vocab) {
-    dev_->run([=] { nn::token_embedding_forward(tokens, table, pos, out, batch, seq, d, vocab); });
+    dev_->run(KernelKind::embedding_forward, f32(2 * batch * seq * d + seq * d + batch * seq),
+              [=] { nn::token_embedding_forward(tokens, table, pos, out, batch, seq, d, vocab); });
   }
   void token_embedding_backward(const std::int32_t* tokens, const float* d_out, float* d_table, float* d_pos,
                                 std::int64_t batch, std::int64_t seq, std::int64_t d) {
-    dev_->run([=] { nn::token_embedding_backward(tokens, d_out, d_table, d_pos, batch, seq, d); });
+    dev_->run(KernelKind::embedding_backward, f32(3 * batch * seq * d + 2 * seq * d + batch * seq),
+              [=] { nn::token_embedding_backward(tokens, d_out, d_table, d_pos, batch, seq, d); });
   }
   void patch_embedding_forward(const float* patches, const float* w, const float* b, const float* pos, float* out,
                                std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t patch_dim) {
-    dev_->run([=] { nn::patch_embedding_forward(patches, w, b, pos, out, batch, seq, d, patch_dim); });
+    dev_->run(KernelKind::embedding_forward, f32(2 * batch * seq * d + seq * d),
+              [=] { nn::patch_embedding_forward(patches, w, b, pos, out, batch, seq, d, patch_dim); });
   }
   void patch_embedding_backward(const float* patches, const float* d_out, float* dw, float* db, float* d_pos,
                                 std::int64_t batch, std::int64_t seq, std::int64_t d, std::int64_t patch_dim) {
-    dev_->run([=] { nn::patch_embedding_backward(patches, d_out, dw, db, d_pos, batch, seq, d, patch_dim); });
+    dev_->run(KernelKind::embedding_backward, f32(batch * seq * d + 2 * seq * d),
+              [=] { nn::patch_embedding_backward(patches, d_out, dw, db, d_pos, batch, seq, d, patch_dim); });
   }
+  // Mean pooling reads [batch, seq, d] and writes [batch, d], or back.
   void mean_pool_forward(const float* x, float* out, std::int64_t batch, std::int64_t seq, std::int64_t d) {
-    dev_->run([=] { nn::mean_pool_forward(x, out, batch, seq, d); });
+    dev_->run(KernelKind::mean_pool_forward, f32(batch * seq * d + batch * d),
+              [=] { nn::mean_pool_forward(x, out, batch, seq, d); });
   }
   void mean_pool_backward(const float* d_out, float* d_x, std::int64_t batch, std::int64_t seq, std::int64_t d) {
-    dev_->run([=] { nn::mean_pool_backward(d_out, d_x, batch, seq, d); });
+    dev_->run(KernelKind::mean_pool_backward, f32(batch * seq * d + batch * d),
+              [=] { nn::mean_pool_backward(d_out, d_x, batch, seq, d); });
   }
 
   void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* probs, std::int64_t n,
                              std::int64_t v, CrossEntropyTotals* totals) {
-    dev_->run([=] {
+    dev_->run(KernelKind::cross_entropy_forward, f32(2 * n * v + n), [=] {  // logits, targets read; probs written
       const CrossEntropyResult r = nn::cross_entropy_forward(logits, targets, probs, n, v);
       totals->loss_sum += r.loss_sum;
       totals->correct += static_cast<std::uint64_t>(r.correct);
@@ -116,13 +144,20 @@ class HostKernels {
   }
   void cross_entropy_backward(float* probs, const std::int32_t* targets, std::int64_t n, std::int64_t v,
                               float scale) {
-    dev_->run([=] { nn::cross_entropy_backward(probs, targets, n, v, scale); });
+    dev_->run(KernelKind::cross_entropy_backward, f32(2 * n * v + n),  // probs updated, targets read
+              [=] { nn::cross_entropy_backward(probs, targets, n, v, scale); });
   }
 
  private:
   // The format of an element type: float is f32, a 16-bit type is F's.
   template <class E>
   using Fmt = std::conditional_t<std::is_same_v<std::remove_const_t<E>, float>, F32Format, F>;
+  // Bytes of n elements of E, of n floats.
+  template <class E>
+  static double elements(std::int64_t n) {
+    return static_cast<double>(n) * static_cast<double>(sizeof(E));
+  }
+  static double f32(std::int64_t n) { return elements<float>(n); }
 
   HostDevice* dev_;
 };

@@ -15,6 +15,7 @@
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "nn/cpu/convert.h"
+#include "nn/cpu/kernel_profile.h"
 
 namespace dtrain::nn::cpu {
 namespace {
@@ -256,15 +257,23 @@ void run_widened(const Gemm& g, Entry& e, const void* a, const void* b, void* c,
   if (g.c_type != DType::f32) f32_to_half(wc, g.c_type, static_cast<std::uint16_t*>(c), e.extent_c);
 }
 
+// What a profile counts for g (nn/cpu/kernel_profile.h).
+double flops(const Gemm& g) {
+  return 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
+         static_cast<double>(g.batch);
+}
+
 }  // namespace
 
 void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias) {
+  const KernelTimer timer(KernelKind::gemm, flops(g));
   DTRAIN_CHECK(g.a_type == DType::f32 && g.b_type == DType::f32 && g.c_type == DType::f32,
                "gemm {} on float pointers with 16-bit types", gemm_string(g));
   run(g, lookup(g, bias != nullptr), a, b, c, bias);
 }
 
 void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bias) {
+  const KernelTimer timer(KernelKind::gemm, flops(g));  // f16's widening included
   Entry& e = lookup(g, bias != nullptr);
   if (e.widen) {
     run_widened(g, e, a, b, c, bias);

@@ -7,16 +7,21 @@
 //   - a collective given a ready fence reads its buffer only once the fence
 //     is reached; a queue waiting on a collective's done fence runs after it;
 //   - bounded waits: a fence never reached fails the collective with a
-//     TimeoutError; a device wait that cannot end is a TimeoutError.
+//     TimeoutError; a device wait that cannot end is a TimeoutError;
+//   - profiling (nn/cpu/kernel_profile.h): kernels are counted where they
+//     run, nested ones once, in their own kind.
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "nn/cpu/host_device.h"
+#include "nn/cpu/host_kernels.h"
+#include "nn/cpu/kernel_profile.h"
 #include "support/thread_ranks.h"
 
 namespace dtrain {
@@ -25,6 +30,8 @@ namespace {
 using namespace std::chrono_literals;
 using nn::cpu::HostDevice;
 using nn::cpu::HostDeviceOptions;
+using nn::cpu::KernelKind;
+using nn::cpu::KernelTimer;
 
 // A fence that is reached when the test says so.
 class ManualFence final : public Fence {
@@ -92,6 +99,58 @@ TEST(HostDevice, AWaitThatCannotEndIsATimeoutError) {
   dev.wait(never);  // not reached before synchronize() gives up
   EXPECT_THROW(dev.synchronize(), TimeoutError);
   never->reach();  // lets the queue thread end
+}
+
+// The queue thread times what it runs; the caller's thread stays unprofiled,
+// and only the work between set_profile(&p) and set_profile(nullptr) counts.
+TEST(HostDevice, AQueuedDeviceTimesItsKernelsOnItsQueueThread) {
+  HostDevice dev(HostDeviceOptions{.queued = true, .delay = 1ms});
+  std::vector<float> a(64, 1.0f), b(64, 2.0f);
+  nn::cpu::KernelProfile profile;
+  dev.add(a.data(), b.data(), 64);
+  dev.set_profile(&profile);
+  dev.add(a.data(), b.data(), 64);
+  dev.add(a.data(), b.data(), 64);
+  dev.copy(b.data(), a.data(), 64 * sizeof(float));
+  // A linear's backward: the dx and dW products and the bias gradient.
+  nn::cpu::HostKernels<nn::cpu::F32Format> kernels(dev);
+  std::vector<float> dy(4 * 3, 1.0f), x(4 * 2, 1.0f), w(3 * 2, 1.0f), dx(4 * 2), dw(3 * 2), db(3);
+  kernels.linear_backward(dy.data(), dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), 4, 2, 3);
+  { const KernelTimer on_the_caller(KernelKind::gemm, 1.0); }
+  dev.set_profile(nullptr);
+  dev.add(a.data(), b.data(), 64);
+  dev.synchronize();
+  EXPECT_EQ(profile[KernelKind::add].calls, 2);
+  EXPECT_EQ(profile[KernelKind::add].work, 2 * 12.0 * 64) << "x and y read, x written: 12 bytes an element";
+  EXPECT_EQ(profile[KernelKind::copy].calls, 1);
+  EXPECT_EQ(profile[KernelKind::gemm].calls, 2) << "the caller's own timer is not the device's";
+  EXPECT_EQ(profile[KernelKind::gemm].work, 2 * (2.0 * 4 * 2 * 3)) << "2*m*n*k each";
+  EXPECT_EQ(profile[KernelKind::bias_grad].calls, 1);
+  EXPECT_FLOAT_EQ(db[0], 4.0f) << "the timed kernels still ran";
+}
+
+// A timer inside another counts its time in its own kind and not again in
+// the outer one's, so kinds never add up to more than the wall time.
+TEST(KernelProfile, NestedTimersCountOnceInTheirOwnKind) {
+  nn::cpu::KernelProfile profile;
+  const auto start = std::chrono::steady_clock::now();
+  nn::cpu::set_thread_profile(&profile);
+  {
+    const KernelTimer outer(KernelKind::embedding_forward, 100.0);
+    const KernelTimer inner(KernelKind::gemm, 7.0);
+    std::this_thread::sleep_for(5ms);
+  }
+  nn::cpu::set_thread_profile(nullptr);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  { const KernelTimer unprofiled(KernelKind::gemm, 1.0); }
+  EXPECT_EQ(profile[KernelKind::embedding_forward].calls, 1);
+  EXPECT_EQ(profile[KernelKind::embedding_forward].work, 100.0);
+  EXPECT_EQ(profile[KernelKind::gemm].calls, 1);
+  EXPECT_EQ(profile[KernelKind::gemm].work, 7.0);
+  EXPECT_LE(profile[KernelKind::embedding_forward].seconds + profile[KernelKind::gemm].seconds, wall)
+      << "the inner timer's sleep counted twice";
+  profile.reset();
+  EXPECT_EQ(profile[KernelKind::gemm].calls, 0);
 }
 
 TEST(DeviceFences, ACollectiveReadsItsInputOnlyOnceItsReadyFenceIsReached) {

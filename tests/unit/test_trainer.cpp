@@ -5,6 +5,8 @@
 #include <cmath>
 
 #include "core/process.h"
+#include "nn/cpu/host_device.h"
+#include "nn/cpu/kernel_profile.h"
 #include "support/temp_dir.h"
 #include "worker/config.h"
 #include "worker/trainer.h"
@@ -75,7 +77,9 @@ TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
 // Not in sanitizer builds: ASan's allocator quarantines freed blocks, so even
 // oneDNN's few small per-call allocations land on fresh pages there.
 #ifndef __SANITIZE_ADDRESS__
-TEST(Trainer, SteadyStateStepsTouchNoFreshMemory) {
+// Page faults over 10 steps after 3 warm-up steps (profiled: every kernel
+// timed into `profile`, as dtrain-bench train --profile does).
+long steady_state_faults(nn::cpu::KernelProfile* profile) {
   Trainer trainer(
       parse_config_json(R"({
         "model": {"kind": "lm", "vocab_size": 256, "d_model": 64, "n_heads": 4, "n_layers": 2,
@@ -85,13 +89,30 @@ TEST(Trainer, SteadyStateStepsTouchNoFreshMemory) {
       })"),
       {.write_outputs = false, .console = nullptr, .comm = nullptr});
   for (int i = 0; i < 3; ++i) trainer.step();
+  auto& device = dynamic_cast<nn::cpu::HostDevice&>(trainer.device());
+  if (profile != nullptr) device.set_profile(profile);
   const long before = minor_page_faults();
   for (int i = 0; i < 10; ++i) trainer.step();
   const long faults = minor_page_faults() - before;
+  device.set_profile(nullptr);
+  return faults;
+}
+
+TEST(Trainer, SteadyStateStepsTouchNoFreshMemory) {
+  const long faults = steady_state_faults(nullptr);
   // One step touches ~20 MB of activations (~5000 pages); allocating them per
   // step would fault thousands of pages. A handful may come from the kernel
   // (stack growth, the loader thread), never per-step buffers.
   EXPECT_LT(faults, 100) << faults << " page faults in 10 steps";
+}
+
+TEST(Trainer, ProfiledStepsTouchNoFreshMemoryEither) {
+  nn::cpu::KernelProfile profile;
+  const long faults = steady_state_faults(&profile);
+  EXPECT_LT(faults, 100) << faults << " page faults in 10 profiled steps";
+  // 2 micro-batches of 2 layers: 18 products a layer, 3 in the head, each.
+  EXPECT_EQ(profile[nn::cpu::KernelKind::gemm].calls, 10 * 2 * (18 * 2 + 3));
+  EXPECT_EQ(profile[nn::cpu::KernelKind::dropout].calls, 10 * 2 * 2 * (2 * 2 + 1)) << "forward and backward";
 }
 #endif
 

@@ -1,0 +1,127 @@
+// dtrain-bench train end to end on tiny models: the figures scripts read, and
+// --profile's kernel table, whose call counts follow from the model's shape.
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "support/run_command.h"
+
+namespace dtrain {
+namespace {
+
+using testing::bin_dir;
+using testing::run_command;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A model of n_layers small enough for a test: 2 timed steps after 1 warm-up.
+testing::CommandResult bench(const std::string& config, int n_layers, const std::string& flags) {
+  return run_command(fmt::format(
+      "OMP_NUM_THREADS=1 {}/dtrain-bench train --config {}/examples/configs/{}.json --steps 2 --warmup 1 "
+      "--peak-seconds 0.01 {} --set model.n_layers={} model.d_model=64 model.n_heads=4 model.d_ff=128 "
+      "data.seq_len=16 model.max_seq_len=16 train.micro_batch_size=2",
+      bin_dir(), testing::source_dir(), config, flags, n_layers));
+}
+
+// The `profile: KIND key=value ...` lines: kind -> key -> value.
+std::map<std::string, std::map<std::string, double>> profile_lines(const std::string& output) {
+  std::map<std::string, std::map<std::string, double>> rows;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string tag, kind, field;
+    if (!(words >> tag >> kind) || tag != "profile:") continue;
+    while (words >> field) {
+      const auto eq = field.find('=');
+      if (eq != std::string::npos) rows[kind][field.substr(0, eq)] = std::stod(field.substr(eq + 1));
+    }
+  }
+  return rows;
+}
+
+// Calls per step of each kernel for one micro-batch of an n_layers model:
+// each layer's forward runs 4 linears and 2 attention products, its backward
+// 2 products per linear (input and weight gradients) and 4 in attention; the
+// head adds a linear (1 forward, 2 backward).
+void expect_structure_calls(std::map<std::string, std::map<std::string, double>>& rows, int layers,
+                            int parameters) {
+  const int L = layers;
+  EXPECT_EQ(rows["gemm"]["calls"], 18 * L + 3);
+  EXPECT_EQ(rows["layernorm_forward"]["calls"], 2 * L + 1);
+  EXPECT_EQ(rows["layernorm_backward"]["calls"], 2 * L + 1);
+  EXPECT_EQ(rows["gelu_forward"]["calls"], L);
+  EXPECT_EQ(rows["gelu_backward"]["calls"], L);
+  EXPECT_EQ(rows["softmax_forward"]["calls"], L);
+  EXPECT_EQ(rows["softmax_backward"]["calls"], L);
+  EXPECT_EQ(rows["head_copy"]["calls"], 8 * L) << "Q, K, V, O there; dO, dQ, dK, dV back";
+  EXPECT_EQ(rows["embedding_forward"]["calls"], 1);
+  EXPECT_EQ(rows["embedding_backward"]["calls"], 1);
+  EXPECT_EQ(rows["cross_entropy_forward"]["calls"], 1);
+  EXPECT_EQ(rows["cross_entropy_backward"]["calls"], 1);
+  EXPECT_EQ(rows["adamw"]["calls"], parameters) << "one update per parameter tensor";
+  EXPECT_EQ(rows["sum_of_squares"]["calls"], L + 2) << "one per block: embeddings, layers, head";
+}
+
+void expect_shares_add_up(std::map<std::string, std::map<std::string, double>>& rows) {
+  double kernels = 0.0;
+  for (auto& [kind, fields] : rows) {
+    if (kind == "other") continue;
+    EXPECT_GE(fields["share"], 0.0) << kind;
+    kernels += fields["share"];
+  }
+  EXPECT_LE(kernels, 1.0 + 1e-3) << "kernels cannot take more than the step";
+  EXPECT_NEAR(kernels + rows["other"]["share"], 1.0, 1e-3) << "other is the step less the kernels";
+}
+
+TEST(BenchTrain, PrintsThroughputWithoutAProfileByDefault) {
+  const auto r = bench("lm-small", 1, "");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"tokens_per_s: ", "step_ms: ", "mfu: ", "page_faults_per_step: ", "command: "}) {
+    EXPECT_THAT(r.output, HasSubstr(line));
+  }
+  EXPECT_THAT(r.output, Not(HasSubstr("profile:")));
+}
+
+TEST(BenchTrain, ProfileCountsEveryKernelOfTheLanguageModel) {
+  for (int layers : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} layers", layers));
+    const auto r = bench("lm-small", layers, "--profile");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto rows = profile_lines(r.output);
+    ASSERT_TRUE(rows.count("gemm")) << r.output;
+    // Untied lm: token and position tables, 12 tensors a layer, final norm's 2 and the head.
+    expect_structure_calls(rows, layers, 2 + 12 * layers + 3);
+    EXPECT_EQ(rows["bias_grad"]["calls"], 4 * layers) << "the layers' 4 linears have biases, the head none";
+    EXPECT_TRUE(rows["gemm"].count("gflops")) << "GEMMs report GFLOP/s";
+    EXPECT_TRUE(rows["layernorm_forward"].count("gbps")) << "the rest report GB/s";
+    EXPECT_FALSE(rows.count("mean_pool_forward")) << "an lm pools nothing";
+    expect_shares_add_up(rows);
+    EXPECT_THAT(r.output, HasSubstr("other (not in a kernel)"));
+    EXPECT_THAT(r.output, HasSubstr("--profile")) << "the printed command reproduces the run";
+  }
+}
+
+TEST(BenchTrain, ProfileCountsEveryKernelOfTheClassifier) {
+  const int layers = 2;
+  const auto r = bench("cls-seed", layers, "--profile --set model.dropout=0.1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto rows = profile_lines(r.output);
+  // Token and position tables, 12 tensors a layer, final norm's 2 and the head's weight and bias.
+  expect_structure_calls(rows, layers, 2 + 12 * layers + 4);
+  EXPECT_EQ(rows["bias_grad"]["calls"], 4 * layers + 1) << "the layers' 4 linears and the head have biases";
+  EXPECT_EQ(rows["mean_pool_forward"]["calls"], 1);
+  EXPECT_EQ(rows["mean_pool_backward"]["calls"], 1);
+  // After the embedding and each residual branch, in forward and again in backward.
+  EXPECT_EQ(rows["dropout"]["calls"], 2 * (2 * layers + 1));
+  EXPECT_EQ(rows["residual"]["calls"], 2 * layers) << "dropped branches are added on their own";
+  expect_shares_add_up(rows);
+}
+
+}  // namespace
+}  // namespace dtrain
