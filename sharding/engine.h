@@ -62,6 +62,7 @@ namespace dtrain::sharding {
 struct EngineOptions {
   int stage = 0;                  // parallel.zero_stage
   double bucket_mb = 25.0;        // parallel.bucket_mb
+  double first_bucket_mb = 1.0;   // parallel.first_bucket_mb: the first bucket in backward order
   bool tied_embeddings = false;   // the head reads block 0 (it must stay gathered in stage 3)
   std::uint64_t seed = 0;         // parameter initialisation
   DType compute = DType::f32;     // precision: f32, or bf16/f16 compute copies of the masters

@@ -61,17 +61,22 @@ struct BucketPlan {
 };
 
 // The gradient buckets of stages 0-1 on either device, from each block's
-// padded element count and parallel.bucket_mb: blocks are taken from the
-// last to the first, and a bucket closes before a block that would take it
-// past the limit (a block larger than the limit gets a bucket of its own).
-inline BucketPlan plan_buckets(const std::vector<std::int64_t>& padded_numel, double bucket_mb) {
+// padded element count (f32 bytes): blocks are taken from the last to the
+// first, and a bucket closes before a block that would take it past its
+// limit (a block larger than the limit gets a bucket of its own). The first
+// bucket's limit is parallel.first_bucket_mb (or bucket_mb when smaller),
+// every later one's parallel.bucket_mb: as in PyTorch DDP, a small first
+// bucket lets the first collective start while most of backward remains.
+inline BucketPlan plan_buckets(const std::vector<std::int64_t>& padded_numel, double first_bucket_mb,
+                               double bucket_mb) {
   BucketPlan plan;
   const int blocks = static_cast<int>(padded_numel.size());
   plan.bucket_of.assign(padded_numel.size(), 0);
-  const double limit = bucket_mb * 1024.0 * 1024.0;
+  constexpr double kMiB = 1024.0 * 1024.0;
   double bytes = 0.0;
   for (int b = blocks - 1; b >= 0; --b) {
     const double block_bytes = 4.0 * static_cast<double>(padded_numel[static_cast<std::size_t>(b)]);
+    const double limit = (plan.buckets.size() == 1 ? std::min(first_bucket_mb, bucket_mb) : bucket_mb) * kMiB;
     if (plan.buckets.empty() || (bytes > 0.0 && bytes + block_bytes > limit)) {
       plan.buckets.push_back(Bucket{b, b});
       bytes = 0.0;

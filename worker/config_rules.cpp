@@ -167,6 +167,7 @@ void validate_system(const config::Config& c) {
   at_least(p.zero_stage(), 0, "parallel.zero_stage");
   at_most(p.zero_stage(), 3, "parallel.zero_stage");
   positive(p.bucket_mb(), "parallel.bucket_mb");
+  positive(p.first_bucket_mb(), "parallel.first_bucket_mb");
   at_least(p.timeout_s(), 1, "parallel.timeout_s");
   one_of(p.reduce_dtype(), {"fp32", "bf16", "fp16"}, "parallel.reduce_dtype");
 
@@ -218,6 +219,7 @@ void apply_defaults(config::Config& c, std::string_view run_name) {
   config::Parallel& p = *c.mutable_parallel();
   if (p.backend().empty()) p.set_backend("auto");
   if (!p.has_bucket_mb()) p.set_bucket_mb(25.0f);
+  if (!p.has_first_bucket_mb()) p.set_first_bucket_mb(1.0f);
   if (!p.has_timeout_s()) p.set_timeout_s(300);
   if (p.reduce_dtype().empty()) p.set_reduce_dtype("fp32");
 

@@ -1,5 +1,7 @@
 // Shard arithmetic, and the engine's per-rank memory against the ZeRO
 // paper's fp32 formulas (params 4P, grads 4P, AdamW 8P).
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "sharding/shard_math.h"
@@ -48,6 +50,63 @@ TEST(ShardMath, Intersect) {
   EXPECT_EQ(intersect({0, 10}, {5, 10}).offset, 5);
   EXPECT_EQ(intersect({0, 10}, {5, 10}).size, 5);
   EXPECT_EQ(intersect({0, 3}, {5, 10}).size, 0);
+}
+
+// Every block lands in exactly one bucket, buckets are consecutive blocks in
+// backward order, and no bucket passes its limit unless one block does.
+void expect_plan_covers(const BucketPlan& plan, const std::vector<std::int64_t>& numel, double first_mb,
+                        double mb) {
+  int expected_hi = static_cast<int>(numel.size()) - 1;
+  for (std::size_t i = 0; i < plan.buckets.size(); ++i) {
+    const Bucket& bucket = plan.buckets[i];
+    EXPECT_EQ(bucket.hi, expected_hi) << "bucket " << i;
+    EXPECT_LE(bucket.lo, bucket.hi) << "bucket " << i;
+    double bytes = 0.0;
+    for (int b = bucket.lo; b <= bucket.hi; ++b) {
+      EXPECT_EQ(plan.bucket_of[static_cast<std::size_t>(b)], static_cast<int>(i)) << "block " << b;
+      bytes += 4.0 * static_cast<double>(numel[static_cast<std::size_t>(b)]);
+    }
+    if (bucket.lo < bucket.hi) {
+      EXPECT_LE(bytes, (i == 0 ? std::min(first_mb, mb) : mb) * 1024 * 1024) << "bucket " << i;
+    }
+    expected_hi = bucket.lo - 1;
+  }
+  EXPECT_EQ(expected_hi, -1) << "blocks left outside every bucket";
+}
+
+TEST(BucketPlan, TheFirstBucketIsSmallAndTheRestFollowBucketMb) {
+  constexpr std::int64_t kMiBFloats = 1024 * 1024 / 4;
+  // Embeddings (2 MiB), four layers of 3 MiB, a head of 0.25 MiB.
+  const std::vector<std::int64_t> numel = {2 * kMiBFloats, 3 * kMiBFloats, 3 * kMiBFloats, 3 * kMiBFloats,
+                                           3 * kMiBFloats, kMiBFloats / 4};
+  const BucketPlan plan = plan_buckets(numel, /*first_bucket_mb=*/1.0, /*bucket_mb=*/7.0);
+  ASSERT_EQ(plan.buckets.size(), 4u);
+  // The head alone: the last layer would take it past 1 MiB.
+  EXPECT_EQ(plan.buckets[0].lo, 5);
+  EXPECT_EQ(plan.buckets[0].hi, 5);
+  // Then up to 7 MiB: two layers, two layers, the embeddings.
+  EXPECT_EQ(plan.buckets[1].lo, 3);
+  EXPECT_EQ(plan.buckets[2].lo, 1);
+  EXPECT_EQ(plan.buckets[3].lo, 0);
+  expect_plan_covers(plan, numel, 1.0, 7.0);
+}
+
+TEST(BucketPlan, EveryBlockIsInExactlyOneBucketForAnyLimits) {
+  const std::vector<std::int64_t> numel = {700, 5, 300'000, 40, 262'144, 1, 90'000, 600'000, 3};
+  for (const double first : {0.001, 0.5, 1.0, 25.0}) {
+    for (const double mb : {0.001, 0.3, 1.0, 25.0}) {
+      SCOPED_TRACE(::testing::Message() << "first_bucket_mb " << first << ", bucket_mb " << mb);
+      expect_plan_covers(plan_buckets(numel, first, mb), numel, first, mb);
+    }
+  }
+  // One bucket when both limits hold the whole model.
+  EXPECT_EQ(plan_buckets(numel, 25.0, 25.0).buckets.size(), 1u);
+  // bucket_mb below first_bucket_mb bounds the first bucket too: one block each.
+  EXPECT_EQ(plan_buckets(numel, 1.0, 1e-9).buckets.size(), numel.size());
+  // A first bucket too small for the head's block still holds it, alone.
+  const BucketPlan tiny = plan_buckets(numel, 1e-9, 25.0);
+  EXPECT_EQ(tiny.buckets[0].lo, 8);
+  EXPECT_EQ(tiny.buckets.size(), 2u);
 }
 
 // Model-state bytes per rank for each stage vs the ZeRO paper's formulas,
