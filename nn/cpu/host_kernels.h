@@ -65,8 +65,8 @@ class HostKernels {
   void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
     dev_->run([=] { nn::gelu_forward<F>(x, y, dydx, n); });
   }
-  void gelu_backward(const T* dy, const T* dydx, T* dx, std::int64_t n) {
-    dev_->run([=] { nn::gelu_backward<F>(dy, dydx, dx, n); });
+  void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c) {
+    dev_->run([=] { nn::gelu_backward<F>(dy, dydx, dx, dbias, n, c); });
   }
   void to_storage(const float* x, T* y, std::int64_t n) {
     dev_->run([=] {
