@@ -75,9 +75,10 @@ void Graph<K>::layer_backward(int l) {
   const float* g_mlp = branch_grad(2 * l + 1);
   k_.linear_backward(as_storage(g_mlp, acts_.d_resid16.data(), n * d), g_mlp, L.a.data(), matrix(base + kFc2W),
                      acts_.d_h.data(), g(kFc2W), g(kFc2B), n, ff, d);
-  k_.gelu_backward(acts_.d_h.data(), L.h.data(), acts_.d_h.data(), n * ff);  // L.h holds gelu'
+  // L.h holds gelu'; fc1's bias gradient is summed in the same pass.
+  k_.gelu_backward(acts_.d_h.data(), L.h.data(), acts_.d_h.data(), g(kFc1B), n, ff);
   k_.linear_backward(acts_.d_h.data(), static_cast<const float*>(nullptr), L.ln2.data(), matrix(base + kFc1W),
-                     d_tmp, g(kFc1W), g(kFc1B), n, d, ff);
+                     d_tmp, g(kFc1W), nullptr, n, d, ff);
   k_.layernorm_backward(d_tmp, L.mid.data(), w(kLn2W), L.ln2_mean.data(), L.ln2_rstd.data(), d_resid, g(kLn2W),
                         g(kLn2B), n, d, true);
 

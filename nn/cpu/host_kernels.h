@@ -82,8 +82,10 @@ class HostKernels {
     dev_->run(KernelKind::gelu_forward, elements<T>((dydx != nullptr ? 3 : 2) * n),
               [=] { nn::gelu_forward<F>(x, y, dydx, n); });
   }
-  void gelu_backward(const T* dy, const T* dydx, T* dx, std::int64_t n) {
-    dev_->run(KernelKind::gelu_backward, elements<T>(3 * n), [=] { nn::gelu_backward<F>(dy, dydx, dx, n); });
+  // Reads dy and dydx, writes dx; with dbias, reads and writes its c sums.
+  void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c) {
+    dev_->run(KernelKind::gelu_backward, elements<T>(3 * n * c) + (dbias != nullptr ? f32(2 * c) : 0.0),
+              [=] { nn::gelu_backward<F>(dy, dydx, dx, dbias, n, c); });
   }
   void to_storage(const float* x, T* y, std::int64_t n) {
     dev_->run(KernelKind::convert, f32(n) + elements<T>(n), [=] {

@@ -90,8 +90,8 @@ class CudaKernels {
   void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
     cuda::gelu_forward<kCompute>(x, y, dydx, n, stream_);
   }
-  void gelu_backward(const T* dy, const T* dydx, T* dx, std::int64_t n) {
-    cuda::gelu_backward<kCompute>(dy, dydx, dx, n, stream_);
+  void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c) {
+    cuda::gelu_backward<kCompute>(dy, dydx, dx, dbias, n, c, stream_);
   }
   void to_storage(const float* x, T* y, std::int64_t n) { to_format<kCompute>(x, y, n, stream_); }
 

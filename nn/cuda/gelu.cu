@@ -29,6 +29,23 @@ __global__ void gelu_backward_kernel(const Storage<D>* dy, const Storage<D>* dyd
   detail::for_each_index(n, [=](std::int64_t i) { dx[i] = F::store(__fmul_rn(F::load(dy[i]), F::load(dydx[i]))); });
 }
 
+// Each element once, by the thread that owns its column (device_math.cuh's
+// add_column_sums), which also adds it to the column's sum.
+template <DType D>
+__global__ void gelu_backward_bias_kernel(const Storage<D>* dy, const Storage<D>* dydx, Storage<D>* dx,
+                                          float* dbias, std::int64_t n, std::int64_t c) {
+  using F = detail::Format<D>;
+  float* const out[1] = {dbias};
+  detail::add_column_sums<1>(
+      [=](std::int64_t i, std::int64_t j) {
+        const std::int64_t k = i * c + j;
+        const float v = __fmul_rn(F::load(dy[k]), F::load(dydx[k]));
+        dx[k] = F::store(v);
+        return detail::Sums<1>{{v}};
+      },
+      n, c, out);
+}
+
 }  // namespace
 
 template <DType D>
@@ -37,14 +54,19 @@ void gelu_forward(const Storage<D>* x, Storage<D>* y, Storage<D>* dydx, std::int
 }
 
 template <DType D>
-void gelu_backward(const Storage<D>* dy, const Storage<D>* dydx, Storage<D>* dx, std::int64_t n,
-                   cudaStream_t stream) {
-  detail::launch(gelu_backward_kernel<D>, n, stream, dy, dydx, dx, n);
+void gelu_backward(const Storage<D>* dy, const Storage<D>* dydx, Storage<D>* dx, float* dbias, std::int64_t n,
+                   std::int64_t c, cudaStream_t stream) {
+  if (dbias == nullptr) return detail::launch(gelu_backward_kernel<D>, n * c, stream, dy, dydx, dx, n * c);
+  if (n == 0 || c == 0) return;
+  gelu_backward_bias_kernel<D><<<detail::column_sum_grid(c), dim3(detail::kSumCols, detail::kSumLanes), 0, stream>>>(
+      dy, dydx, dx, dbias, n, c);
+  DTRAIN_CUDA_LAUNCHED();
 }
 
 #define DTRAIN_INSTANTIATE(D)                                                                                   \
   template void gelu_forward<D>(const Storage<D>*, Storage<D>*, Storage<D>*, std::int64_t, cudaStream_t);       \
-  template void gelu_backward<D>(const Storage<D>*, const Storage<D>*, Storage<D>*, std::int64_t, cudaStream_t);
+  template void gelu_backward<D>(const Storage<D>*, const Storage<D>*, Storage<D>*, float*, std::int64_t,      \
+                                 std::int64_t, cudaStream_t);
 DTRAIN_CUDA_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 

@@ -17,9 +17,11 @@ namespace dtrain::nn::cuda {
 template <DType D>
 void gelu_forward(const Storage<D>* x, Storage<D>* y, Storage<D>* dydx, std::int64_t n, cudaStream_t stream);
 
-// dx = dy * dydx; dx may alias dy.
+// dy, dydx, dx: [n, c]. dx = dy * dydx; dx may alias dy. dbias: [c] or null;
+// when given, the column sums of dx (f32, before rounding to D) are added to
+// it in the same kernel, rows in a fixed order (no atomics).
 template <DType D>
-void gelu_backward(const Storage<D>* dy, const Storage<D>* dydx, Storage<D>* dx, std::int64_t n,
-                   cudaStream_t stream);
+void gelu_backward(const Storage<D>* dy, const Storage<D>* dydx, Storage<D>* dx, float* dbias, std::int64_t n,
+                   std::int64_t c, cudaStream_t stream);
 
 }  // namespace dtrain::nn::cuda

@@ -97,7 +97,8 @@ TEST(BenchTrain, ProfileCountsEveryKernelOfTheLanguageModel) {
     ASSERT_TRUE(rows.count("gemm")) << r.output;
     // Untied lm: token and position tables, 12 tensors a layer, final norm's 2 and the head.
     expect_structure_calls(rows, layers, 2 + 12 * layers + 3);
-    EXPECT_EQ(rows["bias_grad"]["calls"], 4 * layers) << "the layers' 4 linears have biases, the head none";
+    EXPECT_EQ(rows["bias_grad"]["calls"], 3 * layers)
+        << "qkv, proj and fc2 sum their bias gradients; fc1's is summed in GELU backward; the head has none";
     EXPECT_TRUE(rows["gemm"].count("gflops")) << "GEMMs report GFLOP/s";
     EXPECT_TRUE(rows["layernorm_forward"].count("gbps")) << "the rest report GB/s";
     EXPECT_FALSE(rows.count("mean_pool_forward")) << "an lm pools nothing";
@@ -114,7 +115,8 @@ TEST(BenchTrain, ProfileCountsEveryKernelOfTheClassifier) {
   auto rows = profile_lines(r.output);
   // Token and position tables, 12 tensors a layer, final norm's 2 and the head's weight and bias.
   expect_structure_calls(rows, layers, 2 + 12 * layers + 4);
-  EXPECT_EQ(rows["bias_grad"]["calls"], 4 * layers + 1) << "the layers' 4 linears and the head have biases";
+  EXPECT_EQ(rows["bias_grad"]["calls"], 3 * layers + 1)
+      << "qkv, proj, fc2 and the head sum their bias gradients; fc1's is summed in GELU backward";
   EXPECT_EQ(rows["mean_pool_forward"]["calls"], 1);
   EXPECT_EQ(rows["mean_pool_backward"]["calls"], 1);
   // After the embedding and each residual branch, in forward and again in backward.

@@ -276,18 +276,22 @@ TYPED_TEST(CudaKernelParity, AttentionCached) {
 
 TYPED_TEST(CudaKernelParity, GeluAndStorage) {
   using T = typename TestFixture::T;
-  const std::int64_t n = 3001;
+  const std::int64_t rows = 31, cols = 97, n = rows * cols;
   auto x = this->template random<T>(n, 12, 2.0f), y = this->template filled<T>(n, 0);
   auto dy = this->template random<T>(n, 13), f = this->template random<float>(n, 14, 3.0f);
   auto stored = this->template filled<T>(n, 0);
+  auto dy2 = this->template random<T>(n, 17), db = this->template random<float>(cols, 18);
   this->both([&](auto k, auto on) {
     k.gelu_forward(on(x), on(y), on(x), n);  // x becomes gelu'(x), as in the graph
-    k.gelu_backward(on(dy), on(x), on(dy), n);
+    k.gelu_backward(on(dy), on(x), on(dy), nullptr, 1, n);
+    k.gelu_backward(on(dy2), on(x), on(dy2), on(db), rows, cols);  // with fc1's bias gradient
     k.to_storage(on(f), on(stored), n);
   });
   this->expect_close(y, TestFixture::Tols::kOne, "gelu");
   this->expect_close(x, TestFixture::Tols::kOne, "gelu'");
   this->expect_close(dy, TestFixture::Tols::kOne, "gelu backward");
+  this->expect_close(dy2, TestFixture::Tols::kOne, "gelu backward with bias");
+  this->expect_close(db, TestFixture::Tols::kSum, "gelu backward's bias gradient");
   this->expect_close(stored, Tol{0, 0}, "to_storage");
 }
 

@@ -241,7 +241,7 @@ TEST(Gelu, DerivativeMatchesClosedForm) {
   std::vector<float> x(16001), y(x.size()), dydx(x.size()), ones(x.size(), 1.0f), dx(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = -8.0f + 0.001f * static_cast<float>(i);
   gelu_forward(x.data(), y.data(), dydx.data(), static_cast<std::int64_t>(x.size()));
-  gelu_backward(ones.data(), dydx.data(), dx.data(), static_cast<std::int64_t>(x.size()));
+  gelu_backward(ones.data(), dydx.data(), dx.data(), nullptr, 1, static_cast<std::int64_t>(x.size()));
   for (std::size_t i = 0; i < x.size(); i += 7) {
     const double v = x[i];
     const double ref = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) +
@@ -260,12 +260,45 @@ TEST(Gelu, BackwardMatchesFiniteDifferences) {
   };
   std::vector<float> dydx(n);
   gelu_forward(x.data(), y.data(), dydx.data(), n);
-  gelu_backward(r.data(), dydx.data(), dx.data(), n);
+  gelu_backward(r.data(), dydx.data(), dx.data(), nullptr, 1, n);
   check_gradient("dx", x.data(), dx.data(), n, loss, FdTolerance{1e-2, 2e-3, 1e-4, 20}, rng);
   // dy and dx may alias.
   std::vector<float> g = r;
-  gelu_backward(g.data(), dydx.data(), g.data(), n);
+  gelu_backward(g.data(), dydx.data(), g.data(), nullptr, 1, n);
   EXPECT_EQ(g, dx);
+}
+
+// y = gelu(x + b), b broadcast over the rows (fc1's bias before the GELU):
+// dbias, summed in the backward pass, against finite differences in b, and
+// bit for bit the composition it replaces (dx, then its column sums in order).
+TEST(Gelu, BackwardSumsTheBiasGradientInTheSamePass) {
+  constexpr std::int64_t n = 12, c = 9;
+  std::mt19937 rng(32);
+  std::vector<float> x = random_normal(rng, n * c, 2.0f), b = random_normal(rng, c, 0.5f);
+  std::vector<float> r = random_normal(rng, n * c), h(n * c), y(n * c), dydx(n * c), dx(n * c);
+  auto preactivation = [&] {
+    for (std::int64_t i = 0; i < n * c; ++i) h[i] = x[i] + b[i % c];
+  };
+  auto loss = [&] {
+    preactivation();
+    gelu_forward(h.data(), y.data(), nullptr, n * c);
+    return dot(y.data(), r.data(), n * c);
+  };
+  preactivation();
+  gelu_forward(h.data(), y.data(), dydx.data(), n * c);
+  std::vector<float> db(c, 0.5f);
+  gelu_backward(r.data(), dydx.data(), dx.data(), db.data(), n, c);
+  std::vector<float> db_fd(c);
+  for (std::int64_t j = 0; j < c; ++j) db_fd[j] = db[j] - 0.5f;
+  check_gradient("dbias", b.data(), db_fd.data(), c, loss, FdTolerance{1e-2, 2e-3, 1e-4, 20}, rng);
+
+  std::vector<float> dx_alone(n * c), db_alone(c, 0.5f);
+  gelu_backward(r.data(), dydx.data(), dx_alone.data(), nullptr, n, c);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = 0; j < c; ++j) db_alone[j] += dx_alone[i * c + j];
+  }
+  EXPECT_EQ(dx, dx_alone);
+  EXPECT_EQ(db, db_alone);
 }
 
 // ---------------------------------------------------------------- Embedding

@@ -118,10 +118,23 @@ TEST_P(MixedPrecisionLayer, GeluForwardAndBackwardRoundOnce) {
   const Half dy16 = narrow(random(n, 8), t);
   std::vector<float> dx(n);
   const std::vector<float> dy = widen(dy16, t), dydx_rounded = widen(d16, t);
-  gelu_backward(dy.data(), dydx_rounded.data(), dx.data(), n);
+  gelu_backward(dy.data(), dydx_rounded.data(), dx.data(), nullptr, 1, n);
   Half g16(dy16);
-  cpu::with_half_format(t, [&](auto f) { gelu_backward<decltype(f)>(g16.data(), d16.data(), g16.data(), n); });
+  cpu::with_half_format(t, [&](auto f) {
+    gelu_backward<decltype(f)>(g16.data(), d16.data(), g16.data(), nullptr, 1, n);
+  });
   EXPECT_EQ(g16, narrow(dx, t));
+  // With a bias gradient (50 rows of 100): the column sums of the f32
+  // products, before they are rounded to 16 bits, in the same order.
+  const std::int64_t rows = 50, cols = 100;
+  std::vector<float> db(cols, 0.0f), db16(cols, 0.0f);
+  gelu_backward(dy.data(), dydx_rounded.data(), dx.data(), db.data(), rows, cols);
+  Half h16(dy16);
+  cpu::with_half_format(t, [&](auto f) {
+    gelu_backward<decltype(f)>(h16.data(), d16.data(), h16.data(), db16.data(), rows, cols);
+  });
+  EXPECT_EQ(h16, narrow(dx, t));
+  EXPECT_EQ(db16, db);
 }
 
 TEST_P(MixedPrecisionLayer, LinearForwardAndBackwardMatchF32) {
