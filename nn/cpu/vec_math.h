@@ -56,4 +56,28 @@ inline float fast_erf(float x) {
   return y > 1.0f ? 1.0f : (y < -1.0f ? -1.0f : y);
 }
 
+// Sums over a row in eight lanes (element j goes to lane j mod 8, the tail
+// to lanes 0, 1, ...), added in one fixed order at the end: GCC keeps each
+// lane in a SIMD register, where one running float sum would be a chain of
+// dependent scalar adds (reassociating it needs -ffast-math). The total
+// depends on the row alone, never on threads.
+inline constexpr int kLanes = 8;
+
+struct LaneSums {
+  float lane[kLanes] = {};
+  float total() const {
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  }
+};
+
+// fn(j, lane) for j in [0, n), in order, lane as LaneSums assigns it.
+template <class Fn>
+inline void for_lanes(std::int64_t n, Fn&& fn) {
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) fn(j + k, k);
+  }
+  for (int k = 0; j < n; ++j, ++k) fn(j, k);
+}
+
 }  // namespace dtrain::nn::cpu
