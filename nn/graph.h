@@ -88,9 +88,14 @@ class Graph final : public Model {
   void embed_forward(bool training);
   void layer_forward(int l, bool training);
   void head_forward();
-  // out = base + drop(x W^T + b) over [n, d], f32.
+  // out = base + drop(x W^T + b) over [n, d], f32. Without dropout, out
+  // already holds base (residual_copy: the LayerNorm that read base wrote it)
+  // and the GEMM adds into it.
   void residual_branch(const T* x, int weight, int bias, const float* base, float* out, std::int64_t in,
                        std::int64_t site);
+  // Where the LayerNorm reading the residual stream copies it: the next
+  // residual add's output, or nowhere when dropout adds the branch itself.
+  float* residual_copy(float* out) const { return dropout_active_ ? nullptr : out; }
   void head_backward(float grad_scale);
   void layer_backward(int l);
   void embed_backward();

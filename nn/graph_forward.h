@@ -222,6 +222,7 @@ void Graph<K>::decode(const std::int32_t* tokens_in, std::int64_t n, std::int64_
     }
     set_span(Span{1, n, position});
     decoding_ = true;
+    dropout_active_ = false;
     stage(ModelInputs{tokens_in, nullptr, nullptr}, false);
     BlockHooks none;
     forward_blocks(none, false);
@@ -258,8 +259,8 @@ void Graph<K>::residual_branch(const T* x, int weight, int bias, const float* ba
     k_.residual(base, branch, out, n * d);
     return;
   }
-  // The residual is added by the GEMM's accumulation into a copy of base.
-  device_.copy(out, base, static_cast<std::size_t>(n * d) * sizeof(float));
+  // The residual is added by the GEMM's accumulation into the copy of base
+  // that the LayerNorm before it wrote (residual_copy).
   k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true);
 }
 
@@ -272,7 +273,8 @@ void Graph<K>::layer_forward(int l, bool training) {
   const float* x = acts_.resid[static_cast<std::size_t>(l)].data();
   float* out = acts_.resid[static_cast<std::size_t>(l) + 1].data();
 
-  k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d);
+  k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d,
+                       residual_copy(L.mid.data()));
   k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false);
   if constexpr (requires { &K::attention_cached; }) {
     if (decoding_) {
@@ -289,7 +291,7 @@ void Graph<K>::layer_forward(int l, bool training) {
   }
   residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
   k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
-                       d);
+                       d, residual_copy(out));
   k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false);
   // h is overwritten by gelu'(h): backward needs only the derivative.
   k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ff);

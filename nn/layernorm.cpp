@@ -1,6 +1,7 @@
 #include "nn/layernorm.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "nn/cpu/convert.h"
 #include "nn/cpu/parallel.h"
@@ -9,7 +10,7 @@
 namespace dtrain::nn {
 template <class F>
 void layernorm_forward(const float* x, const float* weight, const float* bias, typename F::T* y,
-                       float* mean, float* rstd, std::int64_t n, std::int64_t c) {
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
@@ -24,6 +25,7 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, t
     });
     const float s = 1.0f / std::sqrt(var.total() / static_cast<float>(c) + kLayerNormEps);
     for (std::int64_t j = 0; j < c; ++j) yi[j] = F::store((xi[j] - m) * s * weight[j] + bias[j]);
+    if (x_copy != nullptr) std::memcpy(x_copy + i * c, xi, static_cast<std::size_t>(c) * sizeof(float));
     mean[i] = m;
     rstd[i] = s;
   }
@@ -31,7 +33,7 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, t
 
 #define DTRAIN_INSTANTIATE(F)                                                                    \
   template void layernorm_forward<F>(const float*, const float*, const float*, F::T*, float*, \
-                                     float*, std::int64_t, std::int64_t);
+                                     float*, std::int64_t, std::int64_t, float*);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 

@@ -33,13 +33,13 @@ class HostKernels {
 
   explicit HostKernels(HostDevice& device) : dev_(&device) {}
 
-  // x, w, b read; y, mean, rstd written.
+  // x, w, b read; y, mean, rstd (and x_copy, when given) written.
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
-                         std::int64_t n, std::int64_t c) {
-    const double bytes = f32(n * c + 2 * c + 2 * n) + elements<E>(n * c);
+                         std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
+    const double bytes = f32((x_copy != nullptr ? 2 : 1) * n * c + 2 * c + 2 * n) + elements<E>(n * c);
     dev_->run(KernelKind::layernorm_forward, bytes,
-              [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c); });
+              [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c, x_copy); });
   }
   // dy, x, w, mean, rstd read; dx written (and read when accumulated); dw, db updated.
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,

@@ -71,6 +71,20 @@ TEST(LayerNorm, ForwardMatchesDoubleReference) {
   }
 }
 
+// The graph has the norm copy the residual stream it reads into the buffer
+// the next GEMM adds its branch into; asking for the copy changes nothing else.
+TEST(LayerNorm, CopiesTheResidualStreamInTheSamePass) {
+  LayerNormCase lc;
+  lc.loss();
+  std::vector<float> y(lc.y.size()), mean(lc.mean.size()), rstd(lc.rstd.size()), copy(lc.x.size(), -1.0f);
+  layernorm_forward(lc.x.data(), lc.w.data(), lc.b.data(), y.data(), mean.data(), rstd.data(), lc.n, lc.c,
+                    copy.data());
+  EXPECT_EQ(copy, lc.x);
+  EXPECT_EQ(y, lc.y);
+  EXPECT_EQ(mean, lc.mean);
+  EXPECT_EQ(rstd, lc.rstd);
+}
+
 TEST(LayerNorm, NormalisesToZeroMeanUnitVarianceBeforeAffine) {
   LayerNormCase lc;
   std::fill(lc.w.begin(), lc.w.end(), 1.0f);
