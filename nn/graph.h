@@ -78,7 +78,7 @@ class Graph final : public Model {
   // (targets only when `with_targets`).
   void stage(const ModelInputs& inputs, bool with_targets);
   // The blocks from the embeddings to the logits.
-  void forward_blocks(BlockHooks& hooks, bool training);
+  void forward_blocks(BlockHooks& hooks, bool training, float* host_logits);
   float* param(int index, bool grad) const;
   // A matrix as the matmuls read it: the 16-bit compute copy, or the f32 parameter.
   const T* matrix(int index) const;
@@ -87,7 +87,11 @@ class Graph final : public Model {
 
   void embed_forward(bool training);
   void layer_forward(int l, bool training);
-  void head_forward();
+  // The head: with host_logits, each tile's logits are copied there (infer,
+  // decode); without, each tile's loss adds to the totals (forward).
+  void head_forward(float* host_logits);
+  // lm: logits of rows [first, first + count) into acts_.logits.
+  void head_logits(std::int64_t first, std::int64_t count);
   // out = base + drop(x W^T + b) over [n, d], f32. Without dropout, out
   // already holds base (residual_copy: the LayerNorm that read base wrote it)
   // and the GEMM adds into it.
