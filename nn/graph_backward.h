@@ -24,21 +24,33 @@ void Graph<K>::backward(BlockHooks& hooks, float grad_scale) {
   hooks.after_backward(0);
 }
 
+// lm: tile by tile as forward (head_forward), last tile first: forward left
+// that tile's probabilities in the buffer, every other tile's are recomputed;
+// the head's weight gradient adds up over the tiles.
 template <class K>
 void Graph<K>::head_backward(float grad_scale) {
   const int base = layout_.blocks().back().first_param;
-  const std::int64_t n = tokens(), d = config().d_model;
+  const std::int64_t n = tokens(), d = config().d_model, v = config().outputs();
+  const float scale = grad_scale / static_cast<float>(rows());
   float* dlogits = acts_.logits.data();  // holds the softmax after forward
-  k_.cross_entropy_backward(dlogits, inputs_.targets.data(), rows(), config().outputs(),
-                            grad_scale / static_cast<float>(rows()));
   float* ln_grad = param(base, true);
   if (lm()) {
     const bool tied = config().tie_embeddings;
-    const std::int64_t v = config().vocab_size;
-    const T* dlogits_t = as_storage(dlogits, acts_.d_logits16.data(), n * v);
-    k_.linear_backward(dlogits_t, dlogits, acts_.lnf.data(), tied ? matrix(0) : matrix(base + 2),
-                       acts_.d_lnf.data(), tied ? param(0, true) : param(base + 2, true), nullptr, n, d, v);
+    const std::int64_t last = (n - 1) / acts_.logits_rows * acts_.logits_rows;
+    for (std::int64_t first = last; first >= 0; first -= acts_.logits_rows) {
+      const std::int64_t count = std::min(acts_.logits_rows, n - first);
+      if (first != last) {
+        head_logits(first, count);
+        k_.cross_entropy_forward(dlogits, inputs_.targets.data() + first, dlogits, count, v, nullptr);
+      }
+      k_.cross_entropy_backward(dlogits, inputs_.targets.data() + first, count, v, scale);
+      const T* dlogits_t = as_storage(dlogits, acts_.d_logits16.data(), count * v);
+      k_.linear_backward(dlogits_t, dlogits, acts_.lnf.data() + first * d, tied ? matrix(0) : matrix(base + 2),
+                         acts_.d_lnf.data() + first * d, tied ? param(0, true) : param(base + 2, true), nullptr,
+                         count, d, v);
+    }
   } else {
+    k_.cross_entropy_backward(dlogits, inputs_.targets.data(), rows(), v, scale);
     k_.linear_backward(static_cast<const float*>(dlogits), dlogits, acts_.pooled.data(), param(base + 2, false),
                        acts_.d_pooled.data(), param(base + 2, true), param(base + 3, true), batch(), d,
                        config().num_classes);

@@ -33,6 +33,7 @@ struct GraphActivations {
   Store qkv, heads, lnf;                     // forward scratch (lnf: the lm head's input)
   F32 scores;                                // attention scores (forward), dP (backward)
   F32 lnf_mean, lnf_rstd, lnf32, pooled, logits;  // lnf32, pooled: the classifier's f32 head
+  std::int64_t logits_rows = 0;                   // rows of one logits tile (ModelConfig::logits_rows)
   F32 d_resid, d_tmp, d_branch, d_lnf, d_pooled;
   Store d_resid16, d_h, d_attn, d_qkv, d_scores16, dq, dk, dv, d_logits16;  // *16: only when T is 16-bit
 
@@ -62,7 +63,8 @@ struct GraphActivations {
     lnf32 = F32(dev, lm ? 0 : bt * d);
     pooled = F32(dev, lm ? 0 : static_cast<std::size_t>(B) * d);
     d_pooled = F32(dev, lm ? 0 : static_cast<std::size_t>(B) * d);
-    logits = F32(dev, (lm ? bt : static_cast<std::size_t>(B)) * static_cast<std::size_t>(c.outputs()));
+    logits_rows = lm ? c.logits_rows(B * T_) : B;
+    logits = F32(dev, static_cast<std::size_t>(logits_rows * c.outputs()));
     for (F32* s : {&d_resid, &d_tmp, &d_lnf}) *s = F32(dev, bt * d);
     d_branch = F32(dev, c.dropout > 0.0f ? bt * d : 0);
     for (Store* s : {&d_attn, &dq, &dk, &dv}) *s = Store(dev, bt * d);
@@ -70,7 +72,7 @@ struct GraphActivations {
     d_h = Store(dev, bt * ff);
     d_qkv = Store(dev, bt * 3 * d);
     d_scores16 = Store(dev, half_only * probs_n);
-    d_logits16 = Store(dev, lm ? half_only * bt * static_cast<std::size_t>(c.vocab_size) : 0);
+    d_logits16 = Store(dev, lm ? half_only * static_cast<std::size_t>(logits_rows * c.vocab_size) : 0);
   }
 
   // dS: the f32 dP buffer itself when T is f32 (softmax's backward runs in place).

@@ -43,8 +43,8 @@ class CudaKernels {
 
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
-                         std::int64_t n, std::int64_t c) {
-    cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, kLayerNormEps, stream_);
+                         std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
+    cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, kLayerNormEps, x_copy, stream_);
   }
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                           float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx) {
