@@ -33,28 +33,10 @@
 #include <cstdint>
 
 #include "nn/attention.h"
+#include "nn/attention_tile.h"
 #include "nn/cpu/matmul.h"
 
 namespace dtrain::nn {
-
-// Query rows row0 .. row0 + rows of each pair in a group, against keys 0 .. keys.
-struct AttentionTile {
-  std::int64_t row0 = 0, rows = 0, keys = 0;
-};
-
-// One group of pairs (pair = b * H + h) and the buffers its steps use.
-// Tile buffers hold [pairs, rows, keys] (scores, dp, probs, d_scores) or
-// [pairs, rows, hd] (o in forward); the rest hold every row of each pair.
-template <class T>
-struct AttentionGroup {
-  std::int64_t pair0 = 0, pairs = 0;
-  T *q, *k, *v;          // [pairs, T, hd]: saved
-  float* lse;            // [pairs, T]: saved
-  float *scores, *dp;    // f32 S and dP of a tile
-  T *probs, *d_scores;   // P and dS of a tile (alias scores, dp when T is float)
-  T* o;                  // forward: a tile's O; backward: dO [pairs, T, hd]
-  float *dq, *dk, *dv;   // [pairs, T, hd] (backward)
-};
 
 // The tile of query block `i` of `block` rows.
 inline AttentionTile attention_tile(const AttentionShape& s, std::int64_t block, std::int64_t i) {

@@ -3,7 +3,7 @@
 #include <type_traits>
 
 #include "core/cuda/check.h"
-#include "nn/attention_steps.h"
+#include "nn/attention_tile.h"
 #include "nn/cuda/device_math.cuh"
 
 namespace dtrain::nn::cuda {

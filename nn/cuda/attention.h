@@ -13,14 +13,12 @@
 
 #include <cstdint>
 
+#include "nn/attention_tile.h"
 #include "nn/cuda/format.h"
 #include "nn/cuda/matmul.h"
 
 namespace dtrain::nn {
 struct AttentionShape;
-struct AttentionTile;
-template <class T>
-struct AttentionGroup;
 template <class T>
 struct AttentionSaved;
 template <class T>
