@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -36,6 +38,14 @@ ThreadScratch& thread_scratch() {
   return scratch;
 }
 
+// The tile products of the pair this thread works on, when profiling: a
+// worker thread has no profile of its own (nn/cpu/kernel_profile.h).
+struct GemmTally {
+  double seconds = 0.0, flops = 0.0;
+  std::int64_t calls = 0;
+};
+thread_local GemmTally* gemm_tally = nullptr;
+
 template <class V>
 auto* sized(V& v, std::int64_t n) {
   if (v.size() < static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
@@ -51,15 +61,29 @@ struct HostOps {
 
   std::int64_t query_block() const { return kQueryBlock; }
 
-  void gemm(const Gemm& g, const void* a, const void* b, void* c) { cpu::gemm(g, a, b, c); }
+  void gemm(const Gemm& g, const void* a, const void* b, void* c) {
+    if (gemm_tally == nullptr) return cpu::gemm(g, a, b, c);
+    const auto start = std::chrono::steady_clock::now();
+    cpu::gemm(g, a, b, c);
+    gemm_tally->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    gemm_tally->flops += 2.0 * static_cast<double>(g.m * g.n * g.k * g.batch);
+    gemm_tally->calls += 1;
+  }
 
   template <class Fn>
   void for_each_group(const AttentionSaved<T>& saved, bool backward, Fn fn) {
     const std::int64_t pairs = s.pairs(), seq = s.seq, hd = s.head_dim;
     const std::int64_t block = std::min(kQueryBlock, seq);
     const bool parallel = pairs > 1 && pairs * seq * seq * hd >= kParallelMin;
-#pragma omp parallel for schedule(static) if (parallel)
+    // Every thread tallies its products alike (the profile sees them all, whatever the thread count).
+    cpu::KernelProfile* profile = cpu::set_thread_profile(nullptr);
+    const bool tally = profile != nullptr;
+    double seconds = 0.0, flops = 0.0;
+    std::int64_t calls = 0;
+    int team = 1;
+#pragma omp parallel for schedule(static) if (parallel) reduction(+ : seconds, flops, calls) reduction(max : team)
     for (std::int64_t p = 0; p < pairs; ++p) {
+      team = std::max(team, omp_get_num_threads());
       // The tile products run on this thread alone: nested regions would only
       // oversubscribe, and oneDNN tunes the primitives it creates here for one thread.
       if (omp_get_num_threads() > 1) omp_set_num_threads(1);
@@ -90,8 +114,16 @@ struct HostOps {
         g.dk = sized(ts.dk, seq * hd);
         g.dv = sized(ts.dv, seq * hd);
       }
+      GemmTally pair_gemms;
+      gemm_tally = tally ? &pair_gemms : nullptr;
       fn(static_cast<const AttentionGroup<T>&>(g));
+      gemm_tally = nullptr;
+      seconds += pair_gemms.seconds;
+      flops += pair_gemms.flops;
+      calls += pair_gemms.calls;
     }
+    cpu::set_thread_profile(profile);
+    if (tally) cpu::KernelTimer::credit(cpu::KernelKind::gemm, seconds / team, calls, flops);
   }
 
   // Rows of head h of the pair, in an interleaved [B, T, parts, H, hd] buffer.
@@ -183,8 +215,7 @@ struct HostOps {
 
 }  // namespace
 
-// Timed as one kernel each, less their products (which time themselves on
-// the profiled thread). Work: every input read once, every result written once.
+// Timed as one kernel each, less their products (credited to gemm). Work: every input read once, every result written once.
 template <class F>
 void attention_forward(const AttentionShape& s, const typename F::T* qkv, typename F::T* out,
                        const AttentionSaved<typename F::T>& saved) {

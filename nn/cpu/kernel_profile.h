@@ -19,8 +19,9 @@
 // set_profile sets it on the thread that runs the device's work) and only
 // that thread writes it; read it once that thread's work is done. Work in an
 // OpenMP region counts toward the timer of the thread that opened it; timers
-// opened by the region's other threads record nothing (attention's tile
-// products, for one: with several threads only the opening thread's count).
+// opened by the region's other threads record nothing, so a region that
+// wants its parts seen tallies them per thread and credits the sum
+// (KernelTimer::credit; attention's tile products do).
 #pragma once
 
 #include <array>
@@ -108,6 +109,12 @@ class KernelTimer {
   }
   KernelTimer(const KernelTimer&) = delete;
   KernelTimer& operator=(const KernelTimer&) = delete;
+
+  // Adds work the threads of an OpenMP region did (their calls and work,
+  // and their time summed over threads divided by the team size: the wall
+  // time it stands for) to the calling thread's profile, if any, as nested
+  // in its innermost open timer.
+  static void credit(KernelKind kind, double seconds, std::int64_t calls, double work);
 
  private:
   using Clock = std::chrono::steady_clock;
