@@ -15,7 +15,9 @@
 //   token_embedding_{forward,backward}, patch_embedding_{forward,backward},
 //   mean_pool_{forward,backward}, cross_entropy_{forward,backward}
 // with the argument lists of the CPU functions in nn/ (device pointers);
-// optionally attention_cached, which decode() needs (the CPU's has it).
+// optionally attention_cached, which decode() needs (the CPU's has it);
+// and kAttentionScratch: whether attention takes the whole-batch scratch
+// (AttentionScratch, nn/attention.h), which the graph then allocates.
 //
 // The definitions are in graph_forward.h and graph_backward.h; a device's
 // model file includes them and instantiates Graph for its kernel sets.

@@ -99,9 +99,8 @@ void Graph<K>::layer_backward(int l) {
   k_.linear_backward(as_storage(g_attn, acts_.d_resid16.data(), n * d), g_attn, L.attn.data(),
                      matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), g(kProjB), n, d, d);
   k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(),
-                        AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.probs.data()},
-                        AttentionScratch<T>{acts_.scores.data(), acts_.heads.data(), acts_.d_scores(),
-                                            acts_.dq.data(), acts_.dk.data(), acts_.dv.data()});
+                        AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
+                        acts_.attention_scratch());
   k_.linear_backward(acts_.d_qkv.data(), static_cast<const float*>(nullptr), L.ln1.data(), matrix(base + kQkvW),
                      d_tmp, g(kQkvW), g(kQkvB), n, d, 3 * d);
   k_.layernorm_backward(d_tmp, x, w(kLn1W), L.ln1_mean.data(), L.ln1_rstd.data(), d_resid, g(kLn1W), g(kLn1B), n,

@@ -19,7 +19,7 @@ template <class K>
 Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const ParameterLayout& layout,
                 std::int64_t batch, std::int64_t seq_len)
     : Model(config, batch, seq_len), device_(device), k_(std::move(kernels)), layout_(layout),
-      acts_(device, config, batch, seq_len),
+      acts_(device, config, batch, seq_len, K::kAttentionScratch),
       inputs_(device, config.input == ModelConfig::Input::tokens ? static_cast<std::size_t>(batch * seq_len) : 0,
               config.input == ModelConfig::Input::patches
                   ? static_cast<std::size_t>(batch * seq_len * config.patch_dim)
@@ -281,9 +281,8 @@ void Graph<K>::layer_forward(int l, bool training) {
   }
   if (!decoding_) {
     k_.attention_forward(attn_shape_, acts_.qkv.data(), L.attn.data(),
-                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.probs.data()},
-                         AttentionScratch<T>{acts_.scores.data(), acts_.heads.data(), nullptr, nullptr, nullptr,
-                                             nullptr});
+                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
+                         acts_.attention_scratch());
   }
   residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
   k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,

@@ -7,7 +7,7 @@
 // Each call is timed as one kernel of its kind with the bytes it moves
 // (nn/cpu/kernel_profile.h: every operand read once, every result written
 // once); a linear's and attention's parts time themselves (GEMMs, bias
-// gradient, softmax, head copies).
+// gradient, attention's tile loops).
 #pragma once
 
 #include <type_traits>
@@ -61,14 +61,16 @@ class HostKernels {
     dev_->run([=] { nn::linear_backward<Fmt<X>, Fmt<D>>(dy, x, w, dx, dw, db, n, in, out, false, dy_f32); });
   }
 
-  // Untimed as a whole: each product, softmax pass and head copy times itself.
+  // The CPU works in per-thread tiles: it takes no whole-batch scratch.
+  static constexpr bool kAttentionScratch = false;
+  // Untimed here: the tile loop and its products time themselves.
   void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
-                         const AttentionScratch<T>& scratch) {
-    dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved, scratch); });
+                         const AttentionScratch<T>& /*scratch*/) {
+    dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved); });
   }
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
-                          const AttentionScratch<T>& scratch) {
-    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved, scratch); });
+                          const AttentionScratch<T>& /*scratch*/) {
+    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved); });
   }
 
   void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,
