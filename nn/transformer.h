@@ -145,10 +145,12 @@ class Model {
   std::int64_t batch_, seq_;
 };
 
-// What Model::activation_bytes() of this model would be (the buffers are
-// the same on every device), computed without allocating: a dry run's figure.
+// What Model::activation_bytes() of this model would be, computed without
+// allocating: a dry run's figure. The buffers are the same on every device
+// but for the whole-batch attention scratch a GPU's kernel set asks for
+// (attention_scratch).
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                      std::int64_t batch, std::int64_t seq_len);
+                                      std::int64_t batch, std::int64_t seq_len, bool attention_scratch = false);
 
 // One forward's result on its own: reset_result(), forward(), collect().
 ForwardResult forward_once(Model& model, const ModelInputs& inputs, BlockHooks& hooks, bool training,

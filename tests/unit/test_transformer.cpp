@@ -472,6 +472,17 @@ TEST(Transformer, HeadInTilesMatchesOneTile) {
   }
 }
 
+// A dry run's activation figure is the graph's own; for a GPU it adds the
+// whole-batch attention scratch: S and dP [B, H, T, T] and the heads, dQ, dK
+// and dV [B, T, d], f32 here.
+TEST(Transformer, PlannedActivationBytesAreTheGraphsAndCountTheGpuAttentionScratch) {
+  const ModelConfig c = lm_config(false);
+  Harness h(c, 2, 5);
+  EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5), h.model->activation_bytes());
+  const std::int64_t scratch = 4 * (2 * (2 * c.n_heads * 5 * 5) + 4 * (2 * 5 * c.d_model));
+  EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5, true), h.model->activation_bytes() + scratch);
+}
+
 TEST(TransformerTraining, LmOverfitsAFixedBatch) {
   ModelConfig c;
   c.kind = ModelConfig::Kind::lm;
