@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # dtrain's data-parallel training against PyTorch's, in one run, on this
 # machine's two cores, for lm-small and cls-seed (examples/configs), one
-# thread per process:
-#   torch-1     bench/pytorch_train.py: one process, its fastest variant (sweep)
-#   torch-ddp   bench/pytorch_ddp.py: DistributedDataParallel, 2 ranks, gloo over
+# thread per process. Every PyTorch peer in PEERS (default "debian pypi
+# pypi-compile": Debian's python3-torch 1.13, PyPI's torch 2.x eager, and the
+# same with torch.compile; bench/compare-pytorch.sh says more) gives two rows,
+# named after its version (torch-1.13.0a0-1, torch-2.15.0-compile-ddp, ...):
+#   PEER-1      bench/pytorch_train.py: one process, its fastest variant (sweep)
+#   PEER-ddp    bench/pytorch_ddp.py: DistributedDataParallel, 2 ranks, gloo over
 #               loopback, the fastest of a staged sweep: the single process's
 #               two fastest variants, then bucket_cap_mb {1,25,100} x
-#               gradient_as_bucket_view {0,1} on the faster one
+#               gradient_as_bucket_view {0,1} on the faster one; with
+#               torch.compile (every setting compiles anew) only the setting
+#               the eager pypi peer found fastest (25 MB, as_view 0 without it)
 #   dtrain-1    dtrain-bench train, one process
 #   BACKEND-stageN  dtrain-bench train under `mpirun -np 2`, ZeRO stage N, backend
 #               gloo (the store on 127.0.0.1) or mpi; DTRAIN_SET adds --set
 #               overrides to every dtrain run (e.g. "parallel.bucket_mb=4")
+# A peer that fails or runs past PEER_TIMEOUT_S is a row that says why;
+# dtrain's failures stop the script.
 # tokens/s count all ranks and come from the mean step on every side. The
-# table gives each run's ratio to torch-ddp, its scaling efficiency (2-rank
+# table gives each run's ratio to the fastest PEER-ddp (named below the
+# table), its scaling efficiency (2-rank
 # tokens/s / (2 x the same side's 1-process tokens/s)) and the share of
 # gradient communication dtrain hid behind backward; `name: value` lines follow.
 #
-#   bench/compare-ddp.sh                       # both configs, ~10-15 minutes
-#   STEPS=10 STAGES="0 3" BACKENDS=gloo bench/compare-ddp.sh lm-small
+#   bench/compare-ddp.sh                       # both configs, ~30-40 minutes
+#   STEPS=10 STAGES="0 3" BACKENDS=gloo PEERS=debian bench/compare-ddp.sh lm-small
 #
 # The first line printed is the command that reproduces the output; every
 # run's full output is kept in LOG_DIR (a fresh temporary folder by default).
@@ -31,19 +39,27 @@ warmup=${WARMUP:-2}
 sweep_steps=${SWEEP_STEPS:-1}
 stages=${STAGES:-0 1 2 3}
 backends=${BACKENDS:-gloo mpi}
+peers=${PEERS:-debian pypi pypi-compile}
+peer_timeout=${PEER_TIMEOUT_S:-2700}
 bind=${BIND:-none}   # mpirun --bind-to; none: scheduled like PyTorch's ranks
 configs=("$@")
 [[ ${#configs[@]} -gt 0 ]] || configs=(lm-small cls-seed)
 log_dir=${LOG_DIR:-$(mktemp -d -t compare-ddp.XXXXXX)}
 mkdir -p "$log_dir"
 echo "# command: STEPS=$steps WARMUP=$warmup SWEEP_STEPS=$sweep_steps STAGES=\"$stages\"" \
-  "BACKENDS=\"$backends\" BIND=$bind DTRAIN_SET=\"${DTRAIN_SET:-}\" BUILD_DIR=$build" \
+  "BACKENDS=\"$backends\" BIND=$bind DTRAIN_SET=\"${DTRAIN_SET:-}\" PEERS=\"$peers\"" \
+  "BUILD_DIR=$build" \
   "bench/compare-ddp.sh ${configs[*]}"
 echo "# full outputs: $log_dir"
 
 bench=$build/bin/dtrain-bench
 [[ -x $bench ]] || { echo "compare-ddp: $bench is not built" >&2; exit 1; }
 py=/usr/bin/python3   # Debian's python3-torch
+# PyPI's torch, installed on first use; a failed install fails its peers only.
+pypi_python="" pypi_error=""
+if [[ " $peers " == *" pypi"* ]]; then
+  pypi_python=$("$repo/scripts/setup-torch.sh") || pypi_error="scripts/setup-torch.sh failed"
+fi
 
 # One thread per process; OpenMP pools must not spin against each other.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
@@ -70,6 +86,21 @@ top_two_variants() {
        on && $1 != "variant" && $2 != "failed" { print $3, $1 }' <<<"$1" |
     sort -g | head -2 | awk '{ printf "%s%s", sep, $2; sep = "," }'
 }
+# peer_run NAME CMD...: runs CMD for at most PEER_TIMEOUT_S, keeps its output in
+# LOG_DIR/NAME.log, prints it to stdout for the caller; when it fails, a last
+# line `failed: why` (a PyTorch peer's failure is a row, not the end).
+peer_run() {
+  local name=$1 rc=0; shift
+  echo "# $name: $*" >&2
+  timeout "$peer_timeout" "$@" >"$log_dir/$name.log" 2>&1 || rc=$?
+  cat "$log_dir/$name.log"
+  if [[ $rc -eq 124 ]]; then echo "failed: timed out after $peer_timeout s"
+  elif [[ $rc -ne 0 ]]; then
+    echo "failed: $( (grep '^failed: ' "$log_dir/$name.log" || tail -n 1 "$log_dir/$name.log") |
+                     tail -n 1 | sed 's/^failed: //') (full output: $log_dir/$name.log)"
+  fi
+  return 0
+}
 # run NAME CMD...: runs CMD, keeps its output in LOG_DIR/NAME.log, prints it to
 # stdout for the caller; a failed run stops the script with its error.
 run() {
@@ -85,41 +116,85 @@ row() {
   local config=$1 name=$2 ranks=$3 out=$4 single=$5 ddp=$6 note=$7
   local tps eff="n/a" hidden vs key
   tps=$(field tokens_per_s "$out")
-  [[ $ranks -gt 1 && -n $single ]] && eff=$(awk -v a="$tps" -v b="$single" -v n="$ranks" \
+  [[ $ranks -gt 1 && -n $single && -n $tps ]] && eff=$(awk -v a="$tps" -v b="$single" -v n="$ranks" \
     'BEGIN { printf "%.2f", a / (n * b) }')
   hidden=$(field comm_hidden_share "$out")
   [[ $ranks -gt 1 ]] || hidden=""
   vs=$(ratio "$tps" "$ddp")
-  rows+=("$(printf '%-9s %-12s %5s %10s %9s %8s %9s %9s %10s  %s' "$config" "$name" "$ranks" \
+  [[ -n $tps ]] || note=$(grep -m1 '^failed: ' <<<"$out" | cut -c9-)
+  rows+=("$(printf '%-9s %-24s %5s %10s %9s %8s %9s %9s %10s  %s' "$config" "$name" "$ranks" \
     "${tps:-failed}" "$vs" "$eff" "${hidden:-n/a}" "$(field comm_ms_per_step "$out")" \
     "$(field model_state_mb "$out")" "$note")")
-  key=${config//-/_}_${name//-/_}
-  lines+=("${key}_tokens_per_s: ${tps:-n/a}" "${key}_ratio_vs_torch_ddp: $vs")
+  key=${config//-/_}_${name//[-.]/_}
+  lines+=("${key}_tokens_per_s: ${tps:-n/a}" "${key}_ratio_vs_fastest_ddp: $vs")
   [[ $ranks -gt 1 ]] && lines+=("${key}_scaling_efficiency: $eff")
   [[ -n $hidden ]] && lines+=("${key}_comm_hidden_share: $hidden")
   return 0
+}
+# peer_name PEER OUT: the peer's rows' name, torch-VERSION[-compile], from its output.
+peer_name() {
+  local version
+  version=$(field torch "$2")
+  [[ -n $version ]] || { echo "$1"; return; }
+  echo "torch-${version%%+*}$([[ $(field mode "$2") == compile ]] && echo -compile)"
 }
 
 for config in "${configs[@]}"; do
   cfg=$repo/examples/configs/$config.json
   echo "=== $config" >&2
-  t1=$(run "$config-torch-1" $py "$repo/bench/pytorch_train.py" --config "$config" \
-         --steps "$steps" --warmup "$warmup" --sweep-steps "$sweep_steps" --allow-coretype)
-  t1_tps=$(field tokens_per_s "$t1")
-  variants=$(top_two_variants "$t1")
-  tddp=$(run "$config-torch-ddp" $py "$repo/bench/pytorch_ddp.py" --config "$config" \
-           --steps "$steps" --warmup "$warmup" --sweep-steps "$sweep_steps" \
-           --variants "${variants:-mkldnn-linear-keepmem-jit,openblas-avx512-keepmem}" \
-           --single-tokens-per-s "${t1_tps:-0}")
-  ddp_tps=$(field tokens_per_s "$tddp")
+  # ---- the PyTorch peers: one process, then DDP ----------------------------
+  names=() singles=() ddps=() best=-1 eager_setting=()
+  for peer in $peers; do
+    args=(--config "$config" --steps "$steps" --warmup "$warmup" --sweep-steps "$sweep_steps")
+    case $peer in
+      debian) ppy=$py; t1_args=(--allow-coretype) ;;
+      pypi) ppy=$pypi_python; t1_args=() ;;
+      pypi-compile) ppy=$pypi_python; t1_args=(--mode compile) ;;
+      *) echo "compare-ddp: unknown peer '$peer' (debian, pypi, pypi-compile)" >&2; exit 1 ;;
+    esac
+    if [[ -z $ppy ]]; then
+      t1="failed: $pypi_error" tddp="failed: $pypi_error"
+    else
+      t1=$(peer_run "$config-$peer-1" "$ppy" "$repo/bench/pytorch_train.py" "${args[@]}" "${t1_args[@]}")
+      variants=$(top_two_variants "$t1")
+      variants=${variants:-$(field variant "$t1")}
+      ddp_args=()
+      if [[ $peer == pypi-compile ]]; then  # every setting compiles anew: one setting
+        ddp_args=(--buckets "${eager_setting[0]:-25}" --bucket-views "${eager_setting[1]:-0}")
+      fi
+      if [[ -z $variants ]]; then
+        tddp="failed: its single-process run failed"
+      else
+        tddp=$(peer_run "$config-$peer-ddp" "$ppy" "$repo/bench/pytorch_ddp.py" "${args[@]}" \
+                 --variants "$variants" --single-tokens-per-s "$(field tokens_per_s "$t1")" \
+                 "${ddp_args[@]}")
+      fi
+      if [[ $peer == pypi && -n $(field tokens_per_s "$tddp") ]]; then
+        eager_setting=("$(field bucket_cap_mb "$tddp")" "$(field gradient_as_bucket_view "$tddp")")
+      fi
+    fi
+    names+=("$(peer_name "$peer" "$t1")") singles+=("$t1") ddps+=("$tddp")
+    tps=$(field tokens_per_s "$tddp")
+    if [[ -n $tps ]] && { [[ $best -lt 0 ]] ||
+         awk -v a="$tps" -v b="$(field tokens_per_s "${ddps[$best]}")" 'BEGIN { exit !(a > b) }'; }; then
+      best=$(( ${#ddps[@]} - 1 ))
+    fi
+  done
+  ddp_tps="" fastest=none
+  if [[ $best -ge 0 ]]; then ddp_tps=$(field tokens_per_s "${ddps[$best]}") fastest=${names[$best]}-ddp; fi
+
   d1=$(run "$config-dtrain-1" "$bench" train --config "$cfg" "${dtrain_args[@]}")
   d1_tps=$(field tokens_per_s "$d1")
 
-  row "$config" torch-1 1 "$t1" "" "$ddp_tps" "$(field variant "$t1")"
-  note="$(field variant_best "$tddp"), bucket_cap_mb $(field bucket_cap_mb "$tddp")"
-  row "$config" torch-ddp 2 "$tddp" "$t1_tps" "$ddp_tps" \
-    "$note, as_view $(field gradient_as_bucket_view "$tddp")"
+  for i in "${!names[@]}"; do
+    t1=${singles[$i]} tddp=${ddps[$i]}
+    row "$config" "${names[$i]}-1" 1 "$t1" "" "$ddp_tps" "$(field variant "$t1")"
+    note="$(field variant_best "$tddp"), bucket_cap_mb $(field bucket_cap_mb "$tddp")"
+    row "$config" "${names[$i]}-ddp" 2 "$tddp" "$(field tokens_per_s "$t1")" "$ddp_tps" \
+      "$note, as_view $(field gradient_as_bucket_view "$tddp")"
+  done
   row "$config" dtrain-1 1 "$d1" "" "$ddp_tps" "stage $(field zero_stage "$d1")"
+  lines+=("${config//-/_}_fastest_ddp_peer: $fastest")
   for backend in $backends; do
     for stage in $stages; do
       name=$backend-stage$stage
@@ -135,8 +210,9 @@ for config in "${configs[@]}"; do
 done
 
 echo
-printf '%-9s %-12s %5s %10s %9s %8s %9s %9s %10s  %s\n' config run ranks tokens/s vs_ddp \
+printf '%-9s %-24s %5s %10s %9s %8s %9s %9s %10s  %s\n' config run ranks tokens/s vs_ddp \
   scaling hidden comm_ms state_MB note
 printf '%s\n' "${rows[@]}"
+echo "# vs_ddp: tokens/s over the fastest PyTorch DDP peer's (CONFIG_fastest_ddp_peer below)"
 echo
 printf '%s\n' "${lines[@]}"

@@ -5,6 +5,11 @@ CPU thread, gloo over loopback, at PyTorch DDP's best settings on this machine.
 
   bench/pytorch_ddp.py --config lm-small --steps 10
   bench/pytorch_ddp.py --config cls-seed --variants openblas-keepmem --buckets 25
+  .venv-torch/bin/python bench/pytorch_ddp.py --config lm-small --variants compile-keepmem
+
+Runs under Debian's python3-torch 1.13 (/usr/bin/python3) or PyPI's torch 2.x
+(scripts/setup-torch.sh); a compile variant runs torch.compile(DDP(model)), so
+that dynamo splits the graph at DDP's bucket boundaries.
 
 Sweeps variant (BLAS library, nn.Linear engine, malloc policy), bucket_cap_mb
 and gradient_as_bucket_view: --sweep staged (default) times the variants at
@@ -30,12 +35,14 @@ import sys
 import time
 from pathlib import Path
 
-from pytorch_models import (VARIANTS, blas_library, prepare_model, load_config, make_batch,
-                            make_optimizer, parse_figures, variant_env)
+from pytorch_models import (VARIANTS, blas_library, candidates, compile_model, interpreter,
+                            links_system_blas, load_config, make_batch, make_optimizer,
+                            parse_figures, prepare_model, variant_env, warmup_steps)
 
 # The fastest variants of bench/pytorch_train.py --allow-coretype here
 # (cls-seed: mkldnn-linear-keepmem-jit; lm-small: openblas-avx512-keepmem);
 # bench/compare-ddp.sh passes the two fastest of its own single-process sweep.
+# Under PyPI's torch the default is the first two eager candidates.
 DEFAULT_VARIANTS = "mkldnn-linear-keepmem-jit,openblas-avx512-keepmem"
 
 
@@ -46,8 +53,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10, help="timed steps of the fastest setting")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--sweep-steps", type=int, default=3, help="timed steps per setting in the sweep")
-    p.add_argument("--variants", default=DEFAULT_VARIANTS,
-                   help="comma-separated, of: " + ", ".join(VARIANTS))
+    p.add_argument("--variants", default="",
+                   help=f"comma-separated, of: {', '.join(VARIANTS)} (Debian's torch: "
+                        f"{DEFAULT_VARIANTS}; PyPI's: its first two eager variants)")
     p.add_argument("--buckets", default="1,25,100", help="bucket_cap_mb values to sweep")
     p.add_argument("--bucket-views", default="0,1",
                    help="gradient_as_bucket_view values to sweep (0, 1)")
@@ -77,10 +85,10 @@ def run_rank(args, c):
     model = prepare_model(c, var, args.threads)  # DDP wraps the scripted module
     model = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=bool(args.bucket_view))
     opt = make_optimizer(model, c)
+    model = compile_model(model, var)
     gen = torch.Generator().manual_seed(1 + rank)  # each rank its own batches
     times = []
-    # The profiling executor optimises a scripted graph after a few runs.
-    warmup = max(args.warmup, 5) if var["jit"] else args.warmup
+    warmup = warmup_steps(var, args.warmup)
     for step in range(warmup + args.steps):
         tokens, targets = make_batch(c, gen)
         t0 = time.perf_counter()
@@ -102,10 +110,13 @@ def run_rank(args, c):
 
 
 def print_rank_figures(args, c, times, world, loss):
+    import torch
     step_s = statistics.mean(times)
     per_step = world * c["batch"] * c["seq"]
     print(f"config: {c['name']}")
     print(f"variant: {args.variants}")
+    print(f"torch: {torch.__version__}")
+    print(f"mode: {'compile' if VARIANTS[args.variants]['compile'] else 'eager'}")
     print(f"bucket_cap_mb: {args.bucket_mb:g}")
     print(f"gradient_as_bucket_view: {args.bucket_view}")
     print(f"blas: {blas_library()}")
@@ -130,7 +141,7 @@ def free_port():
 
 def launch(args, setting, steps):
     """Runs one setting (variant, bucket_mb, view) as a job of args.ranks processes;
-    returns rank 0's figures, or None when the job failed."""
+    returns (rank 0's figures, None), or (None, why) when the job failed."""
     name, bucket_mb, view = setting
     cmd = [sys.executable, str(Path(__file__).resolve()), "--config", args.config,
            "--variants", name, "--bucket-mb", str(bucket_mb), "--bucket-view", str(view),
@@ -146,12 +157,15 @@ def launch(args, setting, steps):
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(args.ranks)]
-    outputs, failed = [], False
+    outputs, failed, why = [], False, ""
     for p in procs:
         try:
             outputs.append(p.communicate(timeout=args.timeout_s))
         except subprocess.TimeoutExpired:
             outputs.append(("", f"rank {len(outputs)} timed out after {args.timeout_s} s"))
+        if p.returncode != 0 and not why:
+            lines = outputs[-1][1].strip().splitlines() or [f"exit status {p.returncode}"]
+            why = f"rank {len(outputs) - 1}: {lines[-1][:200]}"
         failed = failed or p.returncode != 0
         if failed:  # a rank that waits for a dead peer would only time out
             for q in procs:
@@ -160,15 +174,15 @@ def launch(args, setting, steps):
     if failed:
         err = "\n".join(f"[rank {r}] {e[-2000:]}" for r, (_, e) in enumerate(outputs) if e)
         print(f"# {name} bucket {bucket_mb:g} view {view} failed:\n{err}", file=sys.stderr)
-        return None
-    return parse_figures(outputs[0][0])
+        return None, why
+    return parse_figures(outputs[0][0]), None
 
 
 def print_table(rows):
-    print(f"{'variant':<26} {'bucket_mb':>9} {'as_view':>7} {'step_ms':>9} {'best_ms':>9} "
+    print(f"{'variant':<30} {'bucket_mb':>9} {'as_view':>7} {'step_ms':>9} {'best_ms':>9} "
           f"{'tokens/s':>10} {'per rank':>10}")
     for (name, bucket_mb, view), fig in rows:
-        head = f"{name:<26} {bucket_mb:>9g} {view:>7}"
+        head = f"{name:<30} {bucket_mb:>9g} {view:>7}"
         if fig is None:
             print(f"{head} {'failed':>9}")
             continue
@@ -178,7 +192,9 @@ def print_table(rows):
 
 
 def sweep_axes(args):
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    names = args.variants or (DEFAULT_VARIANTS if links_system_blas()
+                              else ",".join(candidates("eager")[:2]))
+    variants = [v.strip() for v in names.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         sys.exit(f"unknown variant(s) {', '.join(unknown)}; one of: {', '.join(VARIANTS)}")
@@ -187,17 +203,21 @@ def sweep_axes(args):
     return variants, buckets, views
 
 
-def time_settings(args, settings, done):
-    """Times each setting not in `done` (setting -> figures) and adds it there."""
+def time_settings(args, settings, done, why):
+    """Times each setting not in `done` (setting -> figures, None when it failed,
+    with the reason in `why`) and adds it there."""
     for s in settings:
         if s not in done:
-            done[s] = launch(args, s, args.sweep_steps)
+            done[s], reason = launch(args, s, args.sweep_steps)
+            if reason:
+                why[s] = reason
 
 
-def fastest(done):
+def fastest(done, why):
     ok = [(s, fig) for s, fig in done.items() if fig is not None]
     if not ok:
-        sys.exit("every setting failed")
+        sys.exit("failed: every setting failed; " +
+                 "; ".join(f"{s[0]} bucket {s[1]:g} view {s[2]}: {r}" for s, r in why.items()))
     # As bench/pytorch_train.py: the fastest step ranks the settings, the
     # figure least disturbed by other processes on a shared machine.
     return min(ok, key=lambda r: float(r[1]["step_ms_min"]))[0]
@@ -213,14 +233,14 @@ def sweep(args, c):
     print(f"# sweep ({args.sweep}): {c['name']}, {args.ranks} ranks x {args.threads} thread(s), "
           f"gloo, {args.warmup} warm-up + {args.sweep_steps} timed steps each")
     sys.stdout.flush()
-    done = {}
+    done, why = {}, {}
     if args.sweep == "staged":
         middle = buckets[len(buckets) // 2]
-        time_settings(args, [(v, middle, views[-1]) for v in variants], done)
-        variants = [fastest(done)[0]]
-    time_settings(args, [(v, b, w) for v in variants for b in buckets for w in views], done)
+        time_settings(args, [(v, middle, views[-1]) for v in variants], done, why)
+        variants = [fastest(done, why)[0]]
+    time_settings(args, [(v, b, w) for v in variants for b in buckets for w in views], done, why)
     print_table(list(done.items()))
-    best = fastest(done)
+    best = fastest(done, why)
     print(f"# fastest: {best[0]} bucket_cap_mb {best[1]:g} gradient_as_bucket_view {best[2]}; "
           f"timing it for {args.steps} steps")
     return best
@@ -233,11 +253,12 @@ def main():
         run_rank(args, c)
         return
     best = sweep(args, c)
-    fig = launch(args, best, args.steps)
+    fig, why = launch(args, best, args.steps)
     if fig is None:
-        sys.exit(f"setting {best} failed")
+        sys.exit(f"failed: setting {best[0]} bucket {best[1]:g} view {best[2]}: {why}")
     print_table([(best, fig)])
-    print(f"# command: bench/pytorch_ddp.py --config {args.config} --steps {args.steps} "
+    print(f"# command: {interpreter()} bench/pytorch_ddp.py --config {args.config} "
+          f"--steps {args.steps} "
           f"--variants {best[0]} --buckets {best[1]:g} --bucket-views {best[2]}")
     for key, value in fig.items():
         print(f"{key}: {value}")

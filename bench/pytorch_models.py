@@ -2,17 +2,26 @@
 (DistributedDataParallel): the PyTorch twins of dtrain's example models
 (pre-LN Transformers read from examples/configs/*.json), their optimizer and
 batches, and the table of fp32 variants (BLAS library, nn.Linear engine,
-malloc policy), each fixed at process start by its environment.
+malloc policy, torch.compile), each fixed at process start by its environment.
+
+The same code runs under Debian's python3-torch 1.13 and PyPI's torch 2.x
+(scripts/setup-torch.sh): which variants apply depends on the interpreter
+(`candidates`). Debian's torch calls the system's libblas.so.3, so a variant
+picks the BLAS library with LD_LIBRARY_PATH; PyPI's torch carries its own
+(MKL, linked in), and only it has torch.compile.
 """
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
-OPENBLAS_DIR = LIBDIR / "openblas-pthread"   # Debian libopenblas0-pthread
+# Debian's libopenblas0-pthread (scripts/setup.sh --bench); OPENBLAS_DIR names
+# another folder holding its libblas.so.3 (the package unpacked without root).
+OPENBLAS_DIR = Path(os.environ.get("OPENBLAS_DIR", LIBDIR / "openblas-pthread"))
 REFBLAS_DIR = LIBDIR / "blas"                # Debian libblas3 (reference BLAS)
 # glibc keeps freed blocks (< 32 MiB) in its heap instead of unmapping them, so
 # PyTorch's per-step activations do not pay first-touch page faults every step.
@@ -26,12 +35,15 @@ KEEPMEM = {"LD_LIBRARY_PATH": str(OPENBLAS_DIR), "GLIBC_TUNABLES": GLIBC_KEEP}
 KEEPMEM_AVX512 = dict(KEEPMEM, OPENBLAS_CORETYPE="SkylakeX")
 
 
-def variant(env, linear="torch", jit=False, mkldnn=True, note="", auto=True):
+def variant(env, linear="torch", jit=False, mkldnn=True, note="", auto=True, blas="system",
+            compile=False):
     """env: process environment; linear: nn.Linear's engine ("torch" = BLAS sgemm,
     "mkldnn" = oneDNN inner product); jit: torch.jit.script (CPU fuser where LLVM is built in);
-    mkldnn: torch.backends.mkldnn.enabled; auto: part of --variant auto. All fp32."""
+    mkldnn: torch.backends.mkldnn.enabled; auto: part of --variant auto; blas: "system" for a
+    torch that calls the system's BLAS (Debian's), "bundled" for one that carries its own
+    (PyPI's); compile: torch.compile (inductor, C++ on CPU). All fp32."""
     return {"env": env, "linear": linear, "jit": jit, "mkldnn": mkldnn, "note": note,
-            "auto": auto}
+            "auto": auto, "blas": blas, "compile": compile}
 
 
 VARIANTS = {
@@ -53,8 +65,41 @@ VARIANTS = {
     # Reference BLAS: what python3-torch gets without libopenblas0. Slow; never in auto.
     "refblas": variant({"LD_LIBRARY_PATH": str(REFBLAS_DIR)}, auto=False,
                        note="eager; reference BLAS"),
+    # PyPI's torch: BLAS is its own MKL whatever LD_LIBRARY_PATH says.
+    "bundled": variant({}, blas="bundled", note="eager; Linear, bmm -> torch's own BLAS (MKL)"),
+    "bundled-keepmem": variant({"GLIBC_TUNABLES": GLIBC_KEEP}, blas="bundled",
+                               note="as bundled; malloc keeps freed memory"),
+    "mkldnn-linear-bundled-keepmem": variant({"GLIBC_TUNABLES": GLIBC_KEEP}, linear="mkldnn",
+                                             blas="bundled",
+                                             note="as bundled-keepmem; Linear -> oneDNN"),
+    # One inductor worker: no compile pool beside the rank's one thread.
+    "compile-keepmem": variant({"GLIBC_TUNABLES": GLIBC_KEEP, "TORCHINDUCTOR_COMPILE_THREADS": "1"},
+                               blas="bundled", compile=True,
+                               note="torch.compile (inductor); malloc keeps freed memory"),
 }
 CORETYPE_VARIANTS = [v for v in VARIANTS if "OPENBLAS_CORETYPE" in VARIANTS[v]["env"]]
+
+
+def interpreter():
+    """This Python as a command: relative to the repository when it lives there
+    (.venv-torch/bin/python), else its path (/usr/bin/python3)."""
+    exe = Path(sys.executable).absolute()
+    return str(exe.relative_to(REPO)) if REPO in exe.parents else str(exe)
+
+
+def links_system_blas():
+    """Whether this interpreter's torch calls the system's libblas.so.3 (Debian's)."""
+    __import__("torch")  # loads its libraries, the BLAS among them
+    return not blas_library().startswith("linked-in/")
+
+
+def candidates(mode, allow_coretype=False):
+    """The variants --variant auto sweeps under this interpreter: mode "eager"
+    (no torch.compile; TorchScript counts as eager) or "compile"."""
+    blas = "system" if links_system_blas() else "bundled"
+    return [v for v, var in VARIANTS.items()
+            if var["blas"] == blas and var["compile"] == (mode == "compile")
+            and (var["auto"] or (allow_coretype and v in CORETYPE_VARIANTS))]
 
 
 def variant_env(name, threads):
@@ -178,6 +223,19 @@ def prepare_model(c, var, threads):
     return model
 
 
+def compile_model(model, var):
+    """torch.compile(model) for compile variants (after DDP wraps it, so that
+    its graph breaks at bucket boundaries), the model itself otherwise."""
+    import torch
+    return torch.compile(model) if var["compile"] else model
+
+
+def warmup_steps(var, warmup):
+    """Untimed steps: the profiling executor optimises a scripted graph after a
+    few runs; torch.compile compiles forward and backward in the first ones."""
+    return max(warmup, 5) if var["jit"] else max(warmup, 3) if var["compile"] else warmup
+
+
 def make_optimizer(model, c):
     import torch
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -218,8 +276,15 @@ def gemm_peak_gflops(linear_impl, n=2048, min_seconds=1.0):
 
 def blas_library():
     with open("/proc/self/maps") as f:
-        libs = {line.split()[-1] for line in f if "blas" in line and line.split()[-1].startswith("/")}
-    return ",".join(sorted(Path(p).parent.name + "/" + Path(p).name for p in libs)) or "none"
+        paths = {line.split()[-1] for line in f if line.split()[-1].startswith("/")}
+    # The system's BLAS, not PyPI torch's libcublas (loaded, unused on CPU).
+    libs = {p for p in paths if Path(p).name.startswith(("libblas", "libopenblas"))}
+    if libs:
+        return ",".join(sorted(Path(p).parent.name + "/" + Path(p).name for p in libs))
+    import torch  # no BLAS library of its own: linked into libtorch_cpu (PyPI's MKL)
+    words = torch.__config__.show().replace(",", " ").split()
+    info = [w for w in words if w.startswith("BLAS_INFO=")]
+    return "linked-in/" + (info[0].split("=", 1)[1] if info else "unknown")
 
 
 def parse_figures(text):
