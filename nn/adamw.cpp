@@ -1,7 +1,9 @@
 #include "nn/adamw.h"
 
 #include <cmath>
+
 #include "nn/cpu/parallel.h"
+#include "nn/cpu/vec_math.h"
 
 namespace dtrain::nn {
 
@@ -47,14 +49,15 @@ void adamw_step(const ParameterLayout& layout, std::span<float> params,
 }
 
 double sum_of_squares(const float* x, std::int64_t n) {
-  // Float partial sums over chunks keep the loop vectorised; chunks add in double.
+  // Float partial sums over chunks, each in SIMD lanes; chunks add in double.
   constexpr std::int64_t kChunk = 1024;
   double total = 0.0;
   for (std::int64_t c = 0; c < n; c += kChunk) {
-    const std::int64_t end = c + kChunk < n ? c + kChunk : n;
-    float partial = 0.0f;
-    for (std::int64_t i = c; i < end; ++i) partial += x[i] * x[i];
-    total += partial;
+    const float* chunk = x + c;
+    cpu::LaneSums partial;
+    cpu::for_lanes(c + kChunk < n ? kChunk : n - c,
+                   [&](std::int64_t i, int lane) { partial.lane[lane] += chunk[i] * chunk[i]; });
+    total += partial.total();
   }
   return total;
 }

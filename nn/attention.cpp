@@ -1,7 +1,13 @@
 #include "nn/attention.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "nn/attention_steps.h"
 #include "nn/cpu/kernel_profile.h"
@@ -15,122 +21,217 @@ using cpu::Gemm;
 
 namespace {
 
-// Copies part `part` of an interleaved [B, T, parts, H, hd] buffer to
-// head-major [B, H, T, hd] (to_heads) or back; dense operands keep oneDNN on
-// brgemm.
-template <class T>
-void copy_heads(const AttentionShape& s, bool to_heads, T* interleaved, std::int64_t parts, std::int64_t part,
-                T* heads) {
-  const std::int64_t hd = s.head_dim;
-  const std::int64_t row = parts * s.d_model();
-  const auto bytes = static_cast<std::size_t>(hd) * sizeof(T);
-  const cpu::KernelTimer timer(cpu::KernelKind::head_copy, 2.0 * static_cast<double>(s.head_elems() * sizeof(T)));
-#pragma omp parallel for collapse(2) schedule(static) if (s.head_elems() >= kParallelMin)
-  for (std::int64_t b = 0; b < s.batch; ++b) {
-    for (std::int64_t h = 0; h < s.heads; ++h) {
-      for (std::int64_t t = 0; t < s.seq; ++t) {
-        T* inter = interleaved + (b * s.seq + t) * row + part * s.d_model() + h * hd;
-        T* head = heads + ((b * s.heads + h) * s.seq + t) * hd;
-        if (to_heads) {
-          std::memcpy(head, inter, bytes);
-        } else {
-          std::memcpy(inter, head, bytes);
-        }
-      }
-    }
-  }
+// Query rows per tile: a tile's S, dP, P and dS (4 x 64 x T floats) stay in
+// L2 for the sequence lengths dtrain trains at, and one pair's T = 64..128
+// rows make one or two tiles. Measured against 32 and 128 (1 thread).
+constexpr std::int64_t kQueryBlock = 64;
+
+// One thread's tile buffers (grown on first use, then reused).
+struct ThreadScratch {
+  std::vector<float> scores, dp, dq, dk, dv;
+  std::vector<std::uint16_t> probs16, d_scores16, o16;
+  std::vector<float> o32;
+};
+
+ThreadScratch& thread_scratch() {
+  thread_local ThreadScratch scratch;
+  return scratch;
 }
 
-template <class T>
-void to_heads(const AttentionShape& s, const T* src, std::int64_t parts, std::int64_t part, T* dst) {
-  copy_heads(s, true, const_cast<T*>(src), parts, part, dst);  // only read in this direction
+// The tile products of the pair this thread works on, when profiling: a
+// worker thread has no profile of its own (nn/cpu/kernel_profile.h).
+struct GemmTally {
+  double seconds = 0.0, flops = 0.0;
+  std::int64_t calls = 0;
+};
+thread_local GemmTally* gemm_tally = nullptr;
+
+template <class V>
+auto* sized(V& v, std::int64_t n) {
+  if (v.size() < static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
+  return v.data();
 }
 
-template <class T>
-void from_heads(const AttentionShape& s, const T* src, std::int64_t parts, std::int64_t part, T* dst) {
-  copy_heads(s, false, dst, parts, part, const_cast<T*>(src));  // only read in this direction
-}
-
-// fn(r) for every row r of the [B*H*T, T] score matrices, across threads.
-template <class Fn>
-void for_each_score_row(const AttentionShape& s, Fn fn) {
-  const std::int64_t rows = s.batch * s.heads * s.seq;
-#pragma omp parallel for schedule(static) if (rows * s.seq >= kParallelMin)
-  for (std::int64_t r = 0; r < rows; ++r) fn(r);
-}
-
-// probs = softmax(scores) row-wise; causal rows keep columns <= i. The exps
-// go back into scores (f32) first, so probs may alias scores.
-template <class F>
-void softmax_rows(const AttentionShape& s, float* scores, typename F::T* probs) {
-  const std::int64_t T = s.seq;
-  const double elems = static_cast<double>(s.batch * s.heads * T * T);
-  const cpu::KernelTimer timer(cpu::KernelKind::softmax_forward, elems * (4 + sizeof(typename F::T)));  // S in, P out
-  for_each_score_row(s, [&](std::int64_t r) {
-    float* e = scores + r * T;
-    typename F::T* p = probs + r * T;
-    const std::int64_t valid = s.causal ? (r % T) + 1 : T;
-    float mx = e[0];
-    for (std::int64_t j = 1; j < valid; ++j) mx = e[j] > mx ? e[j] : mx;
-    float sum = 0.0f;
-    for (std::int64_t j = 0; j < valid; ++j) {
-      e[j] = cpu::fast_exp(e[j] - mx);
-      sum += e[j];
-    }
-    const float inv = 1.0f / sum;
-    for (std::int64_t j = 0; j < valid; ++j) p[j] = F::store(e[j] * inv);
-    for (std::int64_t j = valid; j < T; ++j) p[j] = F::store(0.0f);
-  });
-}
-
-// dS = P * (dP - rowsum(P * dP)); d_scores may alias dp.
-template <class F>
-void softmax_backward_rows(const AttentionShape& s, const typename F::T* probs, const float* dp,
-                           typename F::T* d_scores) {
-  const std::int64_t T = s.seq;
-  const double elems = static_cast<double>(s.batch * s.heads * T * T);
-  const cpu::KernelTimer timer(cpu::KernelKind::softmax_backward,
-                               elems * (4 + 2 * sizeof(typename F::T)));  // P and dP in, dS out
-  for_each_score_row(s, [&](std::int64_t r) {
-    const typename F::T* pr = probs + r * T;
-    const float* dr = dp + r * T;
-    typename F::T* out = d_scores + r * T;
-    float dot = 0.0f;
-    for (std::int64_t j = 0; j < T; ++j) dot += F::load(pr[j]) * dr[j];
-    for (std::int64_t j = 0; j < T; ++j) out[j] = F::store(F::load(pr[j]) * (dr[j] - dot));
-  });
-}
-
-// The CPU's operations for the shared steps (nn/attention_steps.h).
+// The CPU's operations for the shared steps (nn/attention_steps.h): one pair
+// per group, one thread per pair, tiles of kQueryBlock rows.
 template <class F>
 struct HostOps {
   using T = typename F::T;
   const AttentionShape& s;
-  void gemm(const Gemm& g, const void* a, const void* b, void* c) { cpu::gemm(g, a, b, c); }
-  void to_heads(const T* src, std::int64_t parts, std::int64_t part, T* dst) { nn::to_heads(s, src, parts, part, dst); }
-  void from_heads(const T* src, std::int64_t parts, std::int64_t part, T* dst) {
-    nn::from_heads(s, src, parts, part, dst);
+
+  std::int64_t query_block() const { return kQueryBlock; }
+
+  void gemm(const Gemm& g, const void* a, const void* b, void* c) {
+    if (gemm_tally == nullptr) return cpu::gemm(g, a, b, c);
+    const auto start = std::chrono::steady_clock::now();
+    cpu::gemm(g, a, b, c);
+    gemm_tally->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    gemm_tally->flops += 2.0 * static_cast<double>(g.m * g.n * g.k * g.batch);
+    gemm_tally->calls += 1;
   }
-  void softmax(float* scores, T* probs) { softmax_rows<F>(s, scores, probs); }
-  void softmax_backward(const T* probs, const float* dp, T* ds) { softmax_backward_rows<F>(s, probs, dp, ds); }
+
+  template <class Fn>
+  void for_each_group(const AttentionSaved<T>& saved, bool backward, Fn fn) {
+    const std::int64_t pairs = s.pairs(), seq = s.seq, hd = s.head_dim;
+    const std::int64_t block = std::min(kQueryBlock, seq);
+    const bool parallel = pairs > 1 && pairs * seq * seq * hd >= kParallelMin;
+    // Every thread tallies its products alike (the profile sees them all, whatever the thread count).
+    cpu::KernelProfile* profile = cpu::set_thread_profile(nullptr);
+    const bool tally = profile != nullptr;
+    double seconds = 0.0, flops = 0.0;
+    std::int64_t calls = 0;
+    int team = 1;
+#pragma omp parallel for schedule(static) if (parallel) reduction(+ : seconds, flops, calls) reduction(max : team)
+    for (std::int64_t p = 0; p < pairs; ++p) {
+      team = std::max(team, omp_get_num_threads());
+      // The tile products run on this thread alone: nested regions would only
+      // oversubscribe, and oneDNN tunes the primitives it creates here for one thread.
+      if (omp_get_num_threads() > 1) omp_set_num_threads(1);
+      ThreadScratch& ts = thread_scratch();
+      AttentionGroup<T> g{};
+      g.pair0 = p;
+      g.pairs = 1;
+      g.q = saved.q + p * seq * hd;
+      g.k = saved.k + p * seq * hd;
+      g.v = saved.v + p * seq * hd;
+      g.lse = saved.lse + p * seq;
+      g.scores = sized(ts.scores, block * seq);
+      if constexpr (std::is_same_v<T, float>) {
+        g.probs = g.scores;
+        g.o = sized(ts.o32, (backward ? seq : block) * hd);
+      } else {
+        g.probs = sized(ts.probs16, block * seq);
+        g.o = sized(ts.o16, (backward ? seq : block) * hd);
+      }
+      if (backward) {
+        g.dp = sized(ts.dp, block * seq);
+        if constexpr (std::is_same_v<T, float>) {
+          g.d_scores = g.dp;
+        } else {
+          g.d_scores = sized(ts.d_scores16, block * seq);
+        }
+        g.dq = sized(ts.dq, seq * hd);
+        g.dk = sized(ts.dk, seq * hd);
+        g.dv = sized(ts.dv, seq * hd);
+      }
+      GemmTally pair_gemms;
+      gemm_tally = tally ? &pair_gemms : nullptr;
+      fn(static_cast<const AttentionGroup<T>&>(g));
+      gemm_tally = nullptr;
+      seconds += pair_gemms.seconds;
+      flops += pair_gemms.flops;
+      calls += pair_gemms.calls;
+    }
+    cpu::set_thread_profile(profile);
+    if (tally) cpu::KernelTimer::credit(cpu::KernelKind::gemm, seconds / team, calls, flops);
+  }
+
+  // Rows of head h of the pair, in an interleaved [B, T, parts, H, hd] buffer.
+  template <class U>
+  U* interleaved_row(U* base, const AttentionGroup<T>& g, std::int64_t parts, std::int64_t part,
+                     std::int64_t t) const {
+    const std::int64_t b = g.pair0 / s.heads, h = g.pair0 % s.heads, d = s.d_model();
+    return base + (b * s.seq + t) * parts * d + part * d + h * s.head_dim;
+  }
+
+  void gather(const AttentionGroup<T>& g, const T* interleaved, std::int64_t parts, std::int64_t part, T* heads) {
+    const auto bytes = static_cast<std::size_t>(s.head_dim) * sizeof(T);
+    for (std::int64_t t = 0; t < s.seq; ++t) {
+      std::memcpy(heads + t * s.head_dim, interleaved_row(interleaved, g, parts, part, t), bytes);
+    }
+  }
+
+  void write_rows(const AttentionGroup<T>& g, const AttentionTile& tile, const T* o, T* out) {
+    const auto bytes = static_cast<std::size_t>(s.head_dim) * sizeof(T);
+    for (std::int64_t i = 0; i < tile.rows; ++i) {
+      std::memcpy(interleaved_row(out, g, 1, 0, tile.row0 + i), o + i * s.head_dim, bytes);
+    }
+  }
+
+  void write_grads(const AttentionGroup<T>& g, T* d_qkv) {
+    const std::int64_t hd = s.head_dim;
+    const float* grads[3] = {g.dq, g.dk, g.dv};
+    for (int part = 0; part < 3; ++part) {
+      for (std::int64_t t = 0; t < s.seq; ++t) {
+        T* dst = interleaved_row(d_qkv, g, 3, part, t);
+        const float* src = grads[part] + t * hd;
+        for (std::int64_t e = 0; e < hd; ++e) dst[e] = F::store(src[e]);
+      }
+    }
+  }
+
+  // Keys row i of the tile sees.
+  std::int64_t valid(const AttentionTile& tile, std::int64_t i) const {
+    return s.causal ? tile.row0 + i + 1 : tile.keys;
+  }
+
+  // P = softmax(S) per row in f32: the exps go back into scores first, so
+  // probs may alias scores; lse = max + log(sum).
+  void softmax(const AttentionGroup<T>& g, const AttentionTile& tile) {
+    for (std::int64_t i = 0; i < tile.rows; ++i) {
+      float* e = g.scores + i * tile.keys;
+      T* p = g.probs + i * tile.keys;
+      const std::int64_t valid = this->valid(tile, i);
+      float mx = e[0];
+      for (std::int64_t j = 1; j < valid; ++j) mx = e[j] > mx ? e[j] : mx;
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j < valid; ++j) {
+        e[j] = cpu::fast_exp(e[j] - mx);
+        sum += e[j];
+      }
+      const float inv = 1.0f / sum;
+      for (std::int64_t j = 0; j < valid; ++j) p[j] = F::store(e[j] * inv);
+      for (std::int64_t j = valid; j < tile.keys; ++j) p[j] = F::store(0.0f);
+      g.lse[tile.row0 + i] = mx + std::log(sum);
+    }
+  }
+
+  // P = exp(S - lse); probs may alias scores.
+  void probs(const AttentionGroup<T>& g, const AttentionTile& tile) {
+    for (std::int64_t i = 0; i < tile.rows; ++i) {
+      const float* e = g.scores + i * tile.keys;
+      T* p = g.probs + i * tile.keys;
+      const std::int64_t valid = this->valid(tile, i);
+      const float lse = g.lse[tile.row0 + i];
+      for (std::int64_t j = 0; j < valid; ++j) p[j] = F::store(cpu::fast_exp(e[j] - lse));
+      for (std::int64_t j = valid; j < tile.keys; ++j) p[j] = F::store(0.0f);
+    }
+  }
+
+  // dS = P * (dP - rowsum(P * dP)); d_scores may alias dp.
+  void softmax_backward(const AttentionGroup<T>& g, const AttentionTile& tile) {
+    for (std::int64_t i = 0; i < tile.rows; ++i) {
+      const T* pr = g.probs + i * tile.keys;
+      const float* dr = g.dp + i * tile.keys;
+      T* out = g.d_scores + i * tile.keys;
+      const std::int64_t valid = this->valid(tile, i);
+      float dot = 0.0f;
+      for (std::int64_t j = 0; j < valid; ++j) dot += F::load(pr[j]) * dr[j];
+      for (std::int64_t j = 0; j < valid; ++j) out[j] = F::store(F::load(pr[j]) * (dr[j] - dot));
+      for (std::int64_t j = valid; j < tile.keys; ++j) out[j] = F::store(0.0f);
+    }
+  }
 };
 
 }  // namespace
 
+// Timed as one kernel each, less their products (credited to gemm). Work: every input read once, every result written once.
 template <class F>
 void attention_forward(const AttentionShape& s, const typename F::T* qkv, typename F::T* out,
-                       const AttentionSaved<typename F::T>& saved,
-                       const AttentionScratch<typename F::T>& scratch) {
+                       const AttentionSaved<typename F::T>& saved) {
+  const double bytes = static_cast<double>(s.head_elems() * 7 * sizeof(typename F::T) + s.row_elems() * 4);
+  const cpu::KernelTimer timer(cpu::KernelKind::attention_forward, bytes);  // qkv in; q, k, v, out, lse out
   HostOps<F> ops{s};
-  attention_forward_steps<F::kDType>(ops, s, qkv, out, saved, scratch);
+  attention_forward_steps<F::kDType>(ops, s, qkv, out, saved);
 }
 
 template <class F>
 void attention_backward(const AttentionShape& s, const typename F::T* d_out, typename F::T* d_qkv,
-                        const AttentionSaved<typename F::T>& saved,
-                        const AttentionScratch<typename F::T>& scratch) {
+                        const AttentionSaved<typename F::T>& saved) {
+  const double bytes = static_cast<double>(s.head_elems() * 7 * sizeof(typename F::T) + s.row_elems() * 4);
+  const cpu::KernelTimer timer(cpu::KernelKind::attention_backward, bytes);  // q, k, v, d_out, lse in; d_qkv out
   HostOps<F> ops{s};
-  attention_backward_steps<F::kDType>(ops, s, d_out, d_qkv, saved, scratch);
+  attention_backward_steps<F::kDType>(ops, s, d_out, d_qkv, saved);
 }
 
 template <class F>
@@ -174,10 +275,8 @@ void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t 
 }
 
 #define DTRAIN_INSTANTIATE(F)                                                                          \
-  template void attention_forward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&, \
-                                     const AttentionScratch<F::T>&);                                   \
-  template void attention_backward<F>(const AttentionShape&, const F::T*, F::T*,                       \
-                                      const AttentionSaved<F::T>&, const AttentionScratch<F::T>&);  \
+  template void attention_forward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&); \
+  template void attention_backward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&); \
   template void attention_cached<F>(const AttentionShape&, std::int64_t, std::int64_t, const F::T*, F::T*, F::T*, \
                                     F::T*, float*);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)

@@ -4,7 +4,10 @@
 // Written once over the storage format F of Q, K, V, P and every matmul
 // operand (f32, or bf16/f16 with f32 accumulation); the scores S and their
 // gradient dP are always f32, so softmax and its backward compute in f32.
-// The products are batched over (batch, head) through nn::cpu::gemm.
+// No [B, H, T, T] tensor outlives a call: forward keeps each row's
+// log-sum-exp, and backward recomputes P = exp(S - lse) from Q and K. The
+// CPU works one (batch, head) pair and one block of query rows at a time
+// (nn/attention_steps.h), the pairs spread over OpenMP threads.
 #pragma once
 
 #include <cstdint>
@@ -17,43 +20,49 @@ struct AttentionShape {
   std::int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   bool causal = false;
   std::int64_t d_model() const { return heads * head_dim; }
+  std::int64_t pairs() const { return batch * heads; }                      // (batch, head) pairs
   std::int64_t head_elems() const { return batch * heads * seq * head_dim; }  // one of Q, K, V
-  std::int64_t prob_elems() const { return batch * heads * seq * seq; }
+  std::int64_t row_elems() const { return batch * heads * seq; }             // one value per query row
+  std::int64_t score_elems() const { return batch * heads * seq * seq; }     // S for every pair at once
 };
 
 // What forward keeps for backward; all owned by the caller.
 template <class T>
 struct AttentionSaved {
-  T* q;      // [B, H, T, hd]
-  T* k;      // [B, H, T, hd]
-  T* v;      // [B, H, T, hd]
-  T* probs;  // [B, H, T, T]; masked entries are 0
+  T* q;        // [B, H, T, hd]
+  T* k;        // [B, H, T, hd]
+  T* v;        // [B, H, T, hd]
+  float* lse;  // [B, H, T]: log(sum_j exp(S_ij)) of each query row i
 };
 
-// Scratch shared by all layers; owned by the caller. With f32 storage,
-// scores may alias saved.probs and d_scores may alias scores (every kernel
-// reads an element before it writes the aliased one).
+// Scratch shared by all layers, owned by the caller, for a device that runs
+// every pair as one batch (the GPU); the CPU keeps its small tiles per thread
+// and takes no scratch (any pointer may be null). With f32 storage, probs
+// may alias scores and d_scores may alias dp.
 template <class T>
 struct AttentionScratch {
-  float* scores;  // [B, H, T, T] f32: forward's scores, backward's dP
-  T* heads;       // [B, H, T, hd]: forward's O, backward's dO
-  T* d_scores;    // [B, H, T, T]: dS (backward only)
-  T* dq;          // [B, H, T, hd] (backward only)
-  T* dk;
-  T* dv;
+  float* scores;   // [B, H, T, T] f32: S
+  float* dp;       // [B, H, T, T] f32: dP (backward only)
+  T* probs;        // [B, H, T, T]: P
+  T* d_scores;     // [B, H, T, T]: dS (backward only)
+  T* heads;        // [B, H, T, hd]: forward's O, backward's dO
+  float* dq;       // [B, H, T, hd] f32 (backward only)
+  float* dk;
+  float* dv;
 };
 
 // qkv: [B, T, 3, H, hd] (the fused projection's output); out: [B, T, H, hd].
+// Threading: splits the pairs across the calling thread's OpenMP threads;
+// each pair is computed by one thread in a fixed order, so the result does
+// not depend on the thread count.
 template <class F = cpu::F32Format>
 void attention_forward(const AttentionShape& shape, const typename F::T* qkv, typename F::T* out,
-                       const AttentionSaved<typename F::T>& saved,
-                       const AttentionScratch<typename F::T>& scratch);
+                       const AttentionSaved<typename F::T>& saved);
 
 // d_out: [B, T, H, hd]; d_qkv: [B, T, 3, H, hd], written.
 template <class F = cpu::F32Format>
 void attention_backward(const AttentionShape& shape, const typename F::T* d_out, typename F::T* d_qkv,
-                        const AttentionSaved<typename F::T>& saved,
-                        const AttentionScratch<typename F::T>& scratch);
+                        const AttentionSaved<typename F::T>& saved);
 
 // Inference with a key/value cache (decoding one sequence): the shape's seq
 // rows of qkv [seq, 3, H, hd] are positions first .. first + seq - 1; their

@@ -15,7 +15,9 @@
 //   token_embedding_{forward,backward}, patch_embedding_{forward,backward},
 //   mean_pool_{forward,backward}, cross_entropy_{forward,backward}
 // with the argument lists of the CPU functions in nn/ (device pointers);
-// optionally attention_cached, which decode() needs (the CPU's has it).
+// optionally attention_cached, which decode() needs (the CPU's has it);
+// and kAttentionScratch: whether attention takes the whole-batch scratch
+// (AttentionScratch, nn/attention.h), which the graph then allocates.
 //
 // The definitions are in graph_forward.h and graph_backward.h; a device's
 // model file includes them and instantiates Graph for its kernel sets.
@@ -78,7 +80,7 @@ class Graph final : public Model {
   // (targets only when `with_targets`).
   void stage(const ModelInputs& inputs, bool with_targets);
   // The blocks from the embeddings to the logits.
-  void forward_blocks(BlockHooks& hooks, bool training);
+  void forward_blocks(BlockHooks& hooks, bool training, float* host_logits);
   float* param(int index, bool grad) const;
   // A matrix as the matmuls read it: the 16-bit compute copy, or the f32 parameter.
   const T* matrix(int index) const;
@@ -90,10 +92,19 @@ class Graph final : public Model {
 
   void embed_forward(bool training);
   void layer_forward(int l, bool training);
-  void head_forward();
-  // out = base + drop(x W^T + b) over [n, d], f32.
+  // The head: with host_logits, each tile's logits are copied there (infer,
+  // decode); without, each tile's loss adds to the totals (forward).
+  void head_forward(float* host_logits);
+  // lm: logits of rows [first, first + count) into acts_.logits.
+  void head_logits(std::int64_t first, std::int64_t count);
+  // out = base + drop(x W^T + b) over [n, d], f32. Without dropout, out
+  // already holds base (residual_copy: the LayerNorm that read base wrote it)
+  // and the GEMM adds into it.
   void residual_branch(const T* x, int weight, int bias, const float* base, float* out, std::int64_t in,
                        std::int64_t site);
+  // Where the LayerNorm reading the residual stream copies it: the next
+  // residual add's output, or nowhere when dropout adds the branch itself.
+  float* residual_copy(float* out) const { return dropout_active_ ? nullptr : out; }
   void head_backward(float grad_scale);
   void layer_backward(int l);
   void embed_backward();

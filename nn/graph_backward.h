@@ -24,22 +24,33 @@ void Graph<K>::backward(BlockHooks& hooks, float grad_scale) {
   hooks.after_backward(0);
 }
 
+// lm: tile by tile as forward (head_forward), last tile first: forward left
+// that tile's probabilities in the buffer, every other tile's are recomputed;
+// the head's weight gradient adds up over the tiles.
 template <class K>
 void Graph<K>::head_backward(float grad_scale) {
   const int base = layout_.blocks().back().first_param;
-  const std::int64_t n = tokens(), d = config().d_model;
+  const std::int64_t n = tokens(), d = config().d_model, v = config().outputs();
+  const float scale = grad_scale / static_cast<float>(rows());
   float* dlogits = acts_.logits.data();  // holds the softmax after forward
-  k_.cross_entropy_backward(dlogits, inputs_.targets.data(), rows(), config().outputs(),
-                            grad_scale / static_cast<float>(rows()));
   float* ln_grad = param(base, true);
   if (lm()) {
     const bool tied = config().tie_embeddings;
-    const std::int64_t v = config().vocab_size;
-    const T* dlogits_t = as_storage(dlogits, acts_.d_logits16.data(), n * v);
-    k_.linear_backward(dlogits_t, dlogits, acts_.lnf.data(), tied ? matrix(0) : matrix(base + 2),
-                       acts_.d_lnf.data(), tied ? param(0, true) : param(base + 2, true), nullptr, n, d, v,
-                       weights_version());
+    const std::int64_t last = (n - 1) / acts_.logits_rows * acts_.logits_rows;
+    for (std::int64_t first = last; first >= 0; first -= acts_.logits_rows) {
+      const std::int64_t count = std::min(acts_.logits_rows, n - first);
+      if (first != last) {
+        head_logits(first, count);
+        k_.cross_entropy_forward(dlogits, inputs_.targets.data() + first, dlogits, count, v, nullptr);
+      }
+      k_.cross_entropy_backward(dlogits, inputs_.targets.data() + first, count, v, scale);
+      const T* dlogits_t = as_storage(dlogits, acts_.d_logits16.data(), count * v);
+      k_.linear_backward(dlogits_t, dlogits, acts_.lnf.data() + first * d, tied ? matrix(0) : matrix(base + 2),
+                         acts_.d_lnf.data() + first * d, tied ? param(0, true) : param(base + 2, true), nullptr,
+                         count, d, v, weights_version());
+    }
   } else {
+    k_.cross_entropy_backward(dlogits, inputs_.targets.data(), rows(), v, scale);
     k_.linear_backward(static_cast<const float*>(dlogits), dlogits, acts_.pooled.data(), param(base + 2, false),
                        acts_.d_pooled.data(), param(base + 2, true), param(base + 3, true), batch(), d,
                        config().num_classes, weights_version());
@@ -88,9 +99,8 @@ void Graph<K>::layer_backward(int l) {
   k_.linear_backward(as_storage(g_attn, acts_.d_resid16.data(), n * d), g_attn, L.attn.data(),
                      matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), g(kProjB), n, d, d, weights_version());
   k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(),
-                        AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.probs.data()},
-                        AttentionScratch<T>{acts_.scores.data(), acts_.heads.data(), acts_.d_scores(),
-                                            acts_.dq.data(), acts_.dk.data(), acts_.dv.data()});
+                        AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
+                        acts_.attention_scratch());
   k_.linear_backward(acts_.d_qkv.data(), static_cast<const float*>(nullptr), L.ln1.data(), matrix(base + kQkvW),
                      d_tmp, g(kQkvW), g(kQkvB), n, d, 3 * d, weights_version());
   k_.layernorm_backward(d_tmp, x, w(kLn1W), L.ln1_mean.data(), L.ln1_rstd.data(), d_resid, g(kLn1W), g(kLn1B), n,

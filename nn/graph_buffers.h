@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "nn/attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/device.h"
 #include "nn/transformer.h"
@@ -25,60 +26,70 @@ struct GraphActivations {
   static constexpr bool kF32 = std::is_same_v<T, float>;
 
   struct Layer {
-    Store ln1, q, k, v, probs, attn, ln2, h, a;  // h holds gelu' after forward
+    Store ln1, q, k, v, attn, ln2, h, a;  // h holds gelu' after forward
     F32 ln1_mean, ln1_rstd, mid, ln2_mean, ln2_rstd;
+    F32 lse;  // attention's log-sum-exp per query row [B, H, T]
   };
   std::vector<F32> resid;  // n_layers + 1 residual-stream states
   std::vector<Layer> layers;
-  Store qkv, heads, lnf;                     // forward scratch (lnf: the lm head's input)
-  F32 scores;                                // attention scores (forward), dP (backward)
+  Store qkv, lnf;                                  // forward scratch (lnf: the lm head's input)
   F32 lnf_mean, lnf_rstd, lnf32, pooled, logits;  // lnf32, pooled: the classifier's f32 head
+  std::int64_t logits_rows = 0;                   // rows of one logits tile (ModelConfig::logits_rows)
   F32 d_resid, d_tmp, d_branch, d_lnf, d_pooled;
-  Store d_resid16, d_h, d_attn, d_qkv, d_scores16, dq, dk, dv, d_logits16;  // *16: only when T is 16-bit
+  Store d_resid16, d_h, d_attn, d_qkv, d_logits16;  // *16: only when T is 16-bit
+  // Whole-batch attention scratch, for a kernel set that asks for it
+  // (nn/attention.h AttentionScratch); empty otherwise.
+  F32 scores, dp, dq, dk, dv;
+  Store heads, probs16, d_scores16;  // *16: only when T is 16-bit
 
-  GraphActivations(Device& dev, const ModelConfig& c, std::int64_t B, std::int64_t T_) {
+  // attention_scratch: allocate the whole-batch attention scratch.
+  GraphActivations(Device& dev, const ModelConfig& c, std::int64_t B, std::int64_t T_, bool attention_scratch) {
     const auto bt = static_cast<std::size_t>(B * T_);
     const auto d = static_cast<std::size_t>(c.d_model);
     const auto ff = static_cast<std::size_t>(c.d_ff);
-    const auto probs_n = static_cast<std::size_t>(B * c.n_heads * T_ * T_);
+    const auto rows = static_cast<std::size_t>(B * c.n_heads * T_);
     const bool lm = c.kind == ModelConfig::Kind::lm;
     const std::size_t half_only = kF32 ? 0 : 1;
     for (std::int64_t l = 0; l <= c.n_layers; ++l) resid.emplace_back(dev, bt * d);
     layers.resize(static_cast<std::size_t>(c.n_layers));
     for (Layer& L : layers) {
       for (Store* s : {&L.ln1, &L.q, &L.k, &L.v, &L.attn, &L.ln2}) *s = Store(dev, bt * d);
-      L.probs = Store(dev, probs_n);
       L.h = Store(dev, bt * ff);
       L.a = Store(dev, bt * ff);
       for (F32* s : {&L.ln1_mean, &L.ln1_rstd, &L.ln2_mean, &L.ln2_rstd}) *s = F32(dev, bt);
       L.mid = F32(dev, bt * d);
+      L.lse = F32(dev, rows);
     }
     qkv = Store(dev, bt * 3 * d);
-    heads = Store(dev, bt * d);
     lnf = Store(dev, lm ? bt * d : 0);
-    scores = F32(dev, probs_n);
     lnf_mean = F32(dev, bt);
     lnf_rstd = F32(dev, bt);
     lnf32 = F32(dev, lm ? 0 : bt * d);
     pooled = F32(dev, lm ? 0 : static_cast<std::size_t>(B) * d);
     d_pooled = F32(dev, lm ? 0 : static_cast<std::size_t>(B) * d);
-    logits = F32(dev, (lm ? bt : static_cast<std::size_t>(B)) * static_cast<std::size_t>(c.outputs()));
+    logits_rows = lm ? c.logits_rows(B * T_) : B;
+    logits = F32(dev, static_cast<std::size_t>(logits_rows * c.outputs()));
     for (F32* s : {&d_resid, &d_tmp, &d_lnf}) *s = F32(dev, bt * d);
     d_branch = F32(dev, c.dropout > 0.0f ? bt * d : 0);
-    for (Store* s : {&d_attn, &dq, &dk, &dv}) *s = Store(dev, bt * d);
+    d_attn = Store(dev, bt * d);
     d_resid16 = Store(dev, half_only * bt * d);
     d_h = Store(dev, bt * ff);
     d_qkv = Store(dev, bt * 3 * d);
-    d_scores16 = Store(dev, half_only * probs_n);
-    d_logits16 = Store(dev, lm ? half_only * bt * static_cast<std::size_t>(c.vocab_size) : 0);
+    d_logits16 = Store(dev, lm ? half_only * static_cast<std::size_t>(logits_rows * c.vocab_size) : 0);
+    const std::size_t batched = attention_scratch ? 1 : 0;
+    for (F32* s : {&scores, &dp}) *s = F32(dev, batched * rows * static_cast<std::size_t>(T_));
+    for (F32* s : {&dq, &dk, &dv}) *s = F32(dev, batched * bt * d);
+    heads = Store(dev, batched * bt * d);
+    for (Store* s : {&probs16, &d_scores16}) *s = Store(dev, batched * half_only * rows * static_cast<std::size_t>(T_));
   }
 
-  // dS: the f32 dP buffer itself when T is f32 (softmax's backward runs in place).
-  T* d_scores() {
+  // The scratch as the attention kernels take it: P over S and dS over dP when T is f32.
+  AttentionScratch<T> attention_scratch() {
     if constexpr (kF32) {
-      return scores.data();
+      return {scores.data(), dp.data(), scores.data(), dp.data(), heads.data(), dq.data(), dk.data(), dv.data()};
     } else {
-      return d_scores16.data();
+      return {scores.data(), dp.data(), probs16.data(), d_scores16.data(), heads.data(), dq.data(), dk.data(),
+              dv.data()};
     }
   }
 
@@ -86,15 +97,15 @@ struct GraphActivations {
     std::size_t n = 0;
     for (const F32& r : resid) n += r.bytes();
     for (const Layer& L : layers) {
-      for (const Store* s : {&L.ln1, &L.q, &L.k, &L.v, &L.probs, &L.attn, &L.ln2, &L.h, &L.a}) n += s->bytes();
-      for (const F32* s : {&L.ln1_mean, &L.ln1_rstd, &L.mid, &L.ln2_mean, &L.ln2_rstd}) n += s->bytes();
+      for (const Store* s : {&L.ln1, &L.q, &L.k, &L.v, &L.attn, &L.ln2, &L.h, &L.a}) n += s->bytes();
+      for (const F32* s : {&L.ln1_mean, &L.ln1_rstd, &L.mid, &L.ln2_mean, &L.ln2_rstd, &L.lse}) n += s->bytes();
     }
-    for (const Store* s : {&qkv, &heads, &lnf, &d_resid16, &d_h, &d_attn, &d_qkv, &d_scores16, &dq, &dk, &dv,
+    for (const Store* s : {&qkv, &heads, &lnf, &d_resid16, &d_h, &d_attn, &d_qkv, &probs16, &d_scores16,
                            &d_logits16}) {
       n += s->bytes();
     }
-    for (const F32* s : {&scores, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits, &d_resid, &d_tmp, &d_branch,
-                         &d_lnf, &d_pooled}) {
+    for (const F32* s : {&scores, &dp, &dq, &dk, &dv, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits, &d_resid,
+                         &d_tmp, &d_branch, &d_lnf, &d_pooled}) {
       n += s->bytes();
     }
     return static_cast<std::int64_t>(n);

@@ -3,6 +3,7 @@
 //   x_mid = x + drop(proj(attn(ln1(x)))); x_out = x_mid + drop(fc2(gelu(fc1(ln2(x_mid)))))
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -18,7 +19,7 @@ template <class K>
 Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const ParameterLayout& layout,
                 std::int64_t batch, std::int64_t seq_len)
     : Model(config, batch, seq_len), device_(device), k_(std::move(kernels)), layout_(layout),
-      acts_(device, config, batch, seq_len),
+      acts_(device, config, batch, seq_len, K::kAttentionScratch),
       inputs_(device, config.input == ModelConfig::Input::tokens ? static_cast<std::size_t>(batch * seq_len) : 0,
               config.input == ModelConfig::Input::patches
                   ? static_cast<std::size_t>(batch * seq_len * config.patch_dim)
@@ -162,10 +163,9 @@ ForwardResult Graph<K>::collect() {
   return out;
 }
 
-// The head block's after_forward hook is the caller's: the loss (or the
-// logits' copy) belongs to the head block.
+// The head block's after_forward hook is the caller's.
 template <class K>
-void Graph<K>::forward_blocks(BlockHooks& hooks, bool training) {
+void Graph<K>::forward_blocks(BlockHooks& hooks, bool training, float* host_logits) {
   DTRAIN_CHECK(!ptrs_.params.empty(), "forward before bind");
   hooks.before_forward(0);
   embed_forward(training);
@@ -176,7 +176,7 @@ void Graph<K>::forward_blocks(BlockHooks& hooks, bool training) {
     hooks.after_forward(l + 1);
   }
   hooks.before_forward(layout_.num_blocks() - 1);
-  head_forward();
+  head_forward(host_logits);
 }
 
 template <class K>
@@ -186,9 +186,7 @@ void Graph<K>::forward(const ModelInputs& inputs, BlockHooks& hooks, bool traini
   stage(inputs, true);
   key_ = key;
   dropout_active_ = training && config().dropout > 0.0f;
-  forward_blocks(hooks, training);
-  k_.cross_entropy_forward(acts_.logits.data(), inputs_.targets.data(), acts_.logits.data(), rows(),
-                           config().outputs(), inputs_.totals.data());
+  forward_blocks(hooks, training, nullptr);
   hooks.after_forward(layout_.num_blocks() - 1);
   scored_ += rows();
 }
@@ -200,8 +198,7 @@ void Graph<K>::infer(const ModelInputs& inputs, BlockHooks& hooks, float* logits
   stage(inputs, false);
   key_ = StepKey{};
   dropout_active_ = false;
-  forward_blocks(hooks, false);
-  device_.copy(logits, acts_.logits.data(), acts_.logits.bytes());
+  forward_blocks(hooks, false, logits);
   hooks.after_forward(layout_.num_blocks() - 1);
   device_.synchronize();
 }
@@ -230,10 +227,10 @@ void Graph<K>::decode(const std::int32_t* tokens_in, std::int64_t n, std::int64_
     }
     set_span(Span{1, n, position});
     decoding_ = true;
+    dropout_active_ = false;
     stage(ModelInputs{tokens_in, nullptr, nullptr}, false);
     BlockHooks none;
-    forward_blocks(none, false);
-    device_.copy(logits, acts_.logits.data(), static_cast<std::size_t>(n * c.vocab_size) * sizeof(float));
+    forward_blocks(none, false, logits);
     device_.synchronize();
     decoding_ = false;
   }
@@ -266,8 +263,8 @@ void Graph<K>::residual_branch(const T* x, int weight, int bias, const float* ba
     k_.residual(base, branch, out, n * d);
     return;
   }
-  // The residual is added by the GEMM's accumulation into a copy of base.
-  device_.copy(out, base, static_cast<std::size_t>(n * d) * sizeof(float));
+  // The residual is added by the GEMM's accumulation into the copy of base
+  // that the LayerNorm before it wrote (residual_copy).
   k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true, weights_version());
 }
 
@@ -280,7 +277,8 @@ void Graph<K>::layer_forward(int l, bool training) {
   const float* x = acts_.resid[static_cast<std::size_t>(l)].data();
   float* out = acts_.resid[static_cast<std::size_t>(l) + 1].data();
 
-  k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d);
+  k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d,
+                       residual_copy(L.mid.data()));
   k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false,
                     weights_version());
   if constexpr (requires { &K::attention_cached; }) {
@@ -292,13 +290,12 @@ void Graph<K>::layer_forward(int l, bool training) {
   }
   if (!decoding_) {
     k_.attention_forward(attn_shape_, acts_.qkv.data(), L.attn.data(),
-                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.probs.data()},
-                         AttentionScratch<T>{acts_.scores.data(), acts_.heads.data(), nullptr, nullptr, nullptr,
-                                             nullptr});
+                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
+                         acts_.attention_scratch());
   }
   residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
   k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
-                       d);
+                       d, residual_copy(out));
   k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false, weights_version());
   // h is overwritten by gelu'(h): backward needs only the derivative.
   k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ff);
@@ -306,25 +303,47 @@ void Graph<K>::layer_forward(int l, bool training) {
 }
 
 // lm: logits (f32) = lnf(x) (storage T) . W^T, W the head or the tied
-// embedding. The classifier's small head stays f32 in every precision.
+// embedding, one tile of rows at a time (ModelConfig::logits_tile_rows),
+// each tile's loss taken (or its logits copied out) before the next tile
+// reuses the buffer. The classifier's small head stays f32 in every
+// precision and is one tile.
 template <class K>
-void Graph<K>::head_forward() {
+void Graph<K>::head_forward(float* host_logits) {
   const int base = layout_.blocks().back().first_param;
-  const std::int64_t n = tokens(), d = config().d_model;
+  const std::int64_t n = tokens(), d = config().d_model, v = config().outputs();
   const float* x = acts_.resid.back().data();
+  auto finish = [&](std::int64_t first, std::int64_t count) {
+    if (host_logits != nullptr) {
+      device_.copy(host_logits + first * v, acts_.logits.data(), static_cast<std::size_t>(count * v) * sizeof(float));
+    } else {
+      k_.cross_entropy_forward(acts_.logits.data(), inputs_.targets.data() + first, acts_.logits.data(), count, v,
+                               inputs_.totals.data());
+    }
+  };
   if (lm()) {
     k_.layernorm_forward(x, param(base, false), param(base + 1, false), acts_.lnf.data(), acts_.lnf_mean.data(),
                          acts_.lnf_rstd.data(), n, d);
-    const T* head = config().tie_embeddings ? matrix(0) : matrix(base + 2);
-    k_.linear_forward(acts_.lnf.data(), head, static_cast<const float*>(nullptr), acts_.logits.data(), n, d,
-                      config().vocab_size, false, weights_version());
+    for (std::int64_t first = 0; first < n; first += acts_.logits_rows) {
+      const std::int64_t count = std::min(acts_.logits_rows, n - first);
+      head_logits(first, count);
+      finish(first, count);
+    }
     return;
   }
   k_.layernorm_forward(x, param(base, false), param(base + 1, false), acts_.lnf32.data(), acts_.lnf_mean.data(),
                        acts_.lnf_rstd.data(), n, d);
   k_.mean_pool_forward(acts_.lnf32.data(), acts_.pooled.data(), span_.batch, span_.seq, d);
   k_.linear_forward(static_cast<const float*>(acts_.pooled.data()), param(base + 2, false), param(base + 3, false),
-                    acts_.logits.data(), span_.batch, d, config().num_classes, false, weights_version());
+                    acts_.logits.data(), span_.batch, d, v, false, weights_version());
+  finish(0, span_.batch);
+}
+
+template <class K>
+void Graph<K>::head_logits(std::int64_t first, std::int64_t count) {
+  const std::int64_t d = config().d_model;
+  const T* head = config().tie_embeddings ? matrix(0) : matrix(layout_.blocks().back().first_param + 2);
+  k_.linear_forward(acts_.lnf.data() + first * d, head, static_cast<const float*>(nullptr), acts_.logits.data(),
+                    count, d, config().vocab_size, false, weights_version());
 }
 
 }  // namespace dtrain::nn

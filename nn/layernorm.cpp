@@ -1,28 +1,31 @@
 #include "nn/layernorm.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "nn/cpu/convert.h"
 #include "nn/cpu/parallel.h"
+#include "nn/cpu/vec_math.h"
 
 namespace dtrain::nn {
 template <class F>
 void layernorm_forward(const float* x, const float* weight, const float* bias, typename F::T* y,
-                       float* mean, float* rstd, std::int64_t n, std::int64_t c) {
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
     typename F::T* yi = y + i * c;
-    float sum = 0.0f;
-    for (std::int64_t j = 0; j < c; ++j) sum += xi[j];
-    const float m = sum / static_cast<float>(c);
-    float var = 0.0f;
-    for (std::int64_t j = 0; j < c; ++j) {
+    cpu::LaneSums sum;
+    cpu::for_lanes(c, [&](std::int64_t j, int lane) { sum.lane[lane] += xi[j]; });
+    const float m = sum.total() / static_cast<float>(c);
+    cpu::LaneSums var;
+    cpu::for_lanes(c, [&](std::int64_t j, int lane) {
       const float d = xi[j] - m;
-      var += d * d;
-    }
-    const float s = 1.0f / std::sqrt(var / static_cast<float>(c) + kLayerNormEps);
+      var.lane[lane] += d * d;
+    });
+    const float s = 1.0f / std::sqrt(var.total() / static_cast<float>(c) + kLayerNormEps);
     for (std::int64_t j = 0; j < c; ++j) yi[j] = F::store((xi[j] - m) * s * weight[j] + bias[j]);
+    if (x_copy != nullptr) std::memcpy(x_copy + i * c, xi, static_cast<std::size_t>(c) * sizeof(float));
     mean[i] = m;
     rstd[i] = s;
   }
@@ -30,7 +33,7 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, t
 
 #define DTRAIN_INSTANTIATE(F)                                                                    \
   template void layernorm_forward<F>(const float*, const float*, const float*, F::T*, float*, \
-                                     float*, std::int64_t, std::int64_t);
+                                     float*, std::int64_t, std::int64_t, float*);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 
@@ -47,18 +50,17 @@ void layernorm_backward(const float* dy, const float* x, const float* weight, co
     float* dxi = dx + i * c;
     const float m = mean[i];
     const float s = rstd[i];
-    float sum_g = 0.0f;
-    float sum_gx = 0.0f;
-    for (std::int64_t j = 0; j < c; ++j) {
+    cpu::LaneSums sum_g, sum_gx;
+    cpu::for_lanes(c, [&](std::int64_t j, int lane) {
       const float xhat = (xi[j] - m) * s;
       const float g = dyi[j] * weight[j];
-      sum_g += g;
-      sum_gx += g * xhat;
+      sum_g.lane[lane] += g;
+      sum_gx.lane[lane] += g * xhat;
       dweight[j] += dyi[j] * xhat;
       dbias[j] += dyi[j];
-    }
-    const float mean_g = sum_g * inv_c;
-    const float mean_gx = sum_gx * inv_c;
+    });
+    const float mean_g = sum_g.total() * inv_c;
+    const float mean_gx = sum_gx.total() * inv_c;
     if (accumulate_dx) {
       for (std::int64_t j = 0; j < c; ++j) {
         const float xhat = (xi[j] - m) * s;

@@ -11,10 +11,12 @@ inline constexpr float kLayerNormEps = 1e-5f;
 
 // x: [n, c] f32; weight, bias: [c]; y: [n, c] stored in format F (f32, or
 // 16-bit for the matmul that reads it; computed in f32); saves mean, rstd:
-// [n] for backward.
+// [n] for backward. x_copy, when given, receives x in the same pass: the
+// residual stream that the GEMM after this norm adds its branch into (so no
+// separate pass reads x again to copy it).
 template <class F = cpu::F32Format>
 void layernorm_forward(const float* x, const float* weight, const float* bias, typename F::T* y,
-                       float* mean, float* rstd, std::int64_t n, std::int64_t c);
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy = nullptr);
 
 // dy, x: [n, c]. dx: [n, c], written, or added to when accumulate_dx.
 // dweight, dbias: [c], always added to.

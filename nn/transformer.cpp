@@ -1,8 +1,15 @@
 #include "nn/transformer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace dtrain::nn {
+
+std::int64_t ModelConfig::logits_rows(std::int64_t tokens) const {
+  const std::int64_t fit = std::max<std::int64_t>(1, kLogitsTileBytes / (vocab_size * std::int64_t{4}));
+  return std::min(tokens, logits_tile_rows > 0 ? logits_tile_rows : fit);
+}
 
 std::int64_t ModelConfig::matmul_params() const {
   const std::int64_t d = d_model;

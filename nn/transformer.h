@@ -50,8 +50,19 @@ struct ModelConfig {
   // f32; norms, softmax, GELU and the loss compute in f32; parameter gradients
   // are f32. The classifier's small head stays f32.
   DType compute = DType::f32;
+  // Rows of the lm head's logits computed at a time (0: as many as fit in
+  // kLogitsTileBytes of f32). With fewer rows than a micro-batch has tokens,
+  // forward computes the loss tile by tile and backward recomputes each
+  // tile's logits, so [tokens, vocab] is never held in full (llm.c's chunked
+  // classifier, for large vocabularies); with one tile, backward reuses the
+  // probabilities forward left.
+  std::int64_t logits_tile_rows = 0;
+  static constexpr std::int64_t kLogitsTileBytes = std::int64_t{32} << 20;
 
   std::int64_t outputs() const { return kind == Kind::lm ? vocab_size : num_classes; }
+  // Rows per logits tile for micro-batches of `tokens` tokens (the
+  // classifier's head is one tile of its batch rows).
+  std::int64_t logits_rows(std::int64_t tokens) const;
   // Parameters of the matrix multiplies (excluding embeddings), for FLOP counts.
   std::int64_t matmul_params() const;
   // Training FLOPs per token: 6 * matmul_params + 12 * L * d * T (llm.c / PaLM).
@@ -134,10 +145,12 @@ class Model {
   std::int64_t batch_, seq_;
 };
 
-// What Model::activation_bytes() of this model would be (the buffers are
-// the same on every device), computed without allocating: a dry run's figure.
+// What Model::activation_bytes() of this model would be, computed without
+// allocating: a dry run's figure. The buffers are the same on every device
+// but for the whole-batch attention scratch a GPU's kernel set asks for
+// (attention_scratch).
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                      std::int64_t batch, std::int64_t seq_len);
+                                      std::int64_t batch, std::int64_t seq_len, bool attention_scratch = false);
 
 // One forward's result on its own: reset_result(), forward(), collect().
 ForwardResult forward_once(Model& model, const ModelInputs& inputs, BlockHooks& hooks, bool training,

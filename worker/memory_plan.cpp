@@ -57,10 +57,11 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   eo.reduce = reduce_dtype(c);
   MemoryPlan plan;
   plan.state = sharding::Engine::plan_memory(layout, world, eo);
-  plan.activation_bytes = nn::planned_activation_bytes(model, layout, c.train().micro_batch_size(), seq_len);
+  plan.on_device = c.device() == "cuda";
+  plan.activation_bytes =
+      nn::planned_activation_bytes(model, layout, c.train().micro_batch_size(), seq_len, plan.on_device);
   plan.loader_bytes = loader_bytes(c, seq_len, c.data().prefetch()) + loader_bytes(c, seq_len, 0);
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
-  plan.on_device = c.device() == "cuda";
   // On the host, below stage 3, every linear's forward and input-gradient
   // products keep a copy of its weight in the compute precision (f16 runs
   // widened, as stored).

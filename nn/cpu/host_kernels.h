@@ -7,7 +7,7 @@
 // Each call is timed as one kernel of its kind with the bytes it moves
 // (nn/cpu/kernel_profile.h: every operand read once, every result written
 // once); a linear's and attention's parts time themselves (GEMMs, bias
-// gradient, softmax, head copies).
+// gradient, attention's tile loops).
 #pragma once
 
 #include <type_traits>
@@ -33,13 +33,13 @@ class HostKernels {
 
   explicit HostKernels(HostDevice& device) : dev_(&device) {}
 
-  // x, w, b read; y, mean, rstd written.
+  // x, w, b read; y, mean, rstd (and x_copy, when given) written.
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
-                         std::int64_t n, std::int64_t c) {
-    const double bytes = f32(n * c + 2 * c + 2 * n) + elements<E>(n * c);
+                         std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
+    const double bytes = f32((x_copy != nullptr ? 2 : 1) * n * c + 2 * c + 2 * n) + elements<E>(n * c);
     dev_->run(KernelKind::layernorm_forward, bytes,
-              [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c); });
+              [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c, x_copy); });
   }
   // dy, x, w, mean, rstd read; dx written (and read when accumulated); dw, db updated.
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
@@ -65,14 +65,16 @@ class HostKernels {
     });
   }
 
-  // Untimed as a whole: each product, softmax pass and head copy times itself.
+  // The CPU works in per-thread tiles: it takes no whole-batch scratch.
+  static constexpr bool kAttentionScratch = false;
+  // Untimed here: the tile loop and its products time themselves.
   void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
-                         const AttentionScratch<T>& scratch) {
-    dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved, scratch); });
+                         const AttentionScratch<T>& /*scratch*/) {
+    dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved); });
   }
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
-                          const AttentionScratch<T>& scratch) {
-    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved, scratch); });
+                          const AttentionScratch<T>& /*scratch*/) {
+    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved); });
   }
 
   void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,
@@ -140,10 +142,12 @@ class HostKernels {
               [=] { nn::mean_pool_backward(d_out, d_x, batch, seq, d); });
   }
 
+  // Adds the loss and hits to *totals unless null (backward recomputing).
   void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* probs, std::int64_t n,
                              std::int64_t v, CrossEntropyTotals* totals) {
     dev_->run(KernelKind::cross_entropy_forward, f32(2 * n * v + n), [=] {  // logits, targets read; probs written
       const CrossEntropyResult r = nn::cross_entropy_forward(logits, targets, probs, n, v);
+      if (totals == nullptr) return;
       totals->loss_sum += r.loss_sum;
       totals->correct += static_cast<std::uint64_t>(r.correct);
     });

@@ -73,22 +73,20 @@ class CountingDevice final : public Device {
 }  // namespace
 
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
-                                      std::int64_t seq_len) {
+                                      std::int64_t seq_len, bool attention_scratch) {
   CountingDevice counting;
   cpu::HostDevice host;  // the kernels' device: never called while the graph is built
-  ModelConfig f32 = config;
-  switch (config.compute) {  // only the storage type changes the sizes
-    case DType::bf16:
-    case DType::f16:
-      return Graph<cpu::HostKernels<cpu::Bf16Format>>(counting, cpu::HostKernels<cpu::Bf16Format>(host), config,
-                                                       layout, batch, seq_len)
-          .activation_bytes();
-    default:
-      f32.compute = DType::f32;
-      return Graph<cpu::HostKernels<cpu::F32Format>>(counting, cpu::HostKernels<cpu::F32Format>(host), f32, layout,
-                                                      batch, seq_len)
-          .activation_bytes();
-  }
+  // Only the storage type changes the sizes; the scratch is added on its own.
+  auto plan = [&]<class F>(F) {
+    const std::int64_t graph = Graph<cpu::HostKernels<F>>(counting, cpu::HostKernels<F>(host), config, layout,
+                                                          batch, seq_len)
+                                   .activation_bytes();
+    using Acts = GraphActivations<typename F::T>;
+    return graph + (attention_scratch ? Acts(counting, config, batch, seq_len, true).bytes() -
+                                            Acts(counting, config, batch, seq_len, false).bytes()
+                                      : 0);
+  };
+  return config.compute == DType::f32 ? plan(cpu::F32Format{}) : plan(cpu::Bf16Format{});
 }
 
 }  // namespace dtrain::nn

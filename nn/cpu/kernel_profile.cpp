@@ -30,4 +30,16 @@ void KernelTimer::stop() {
   profile_->innermost_ = outer_;
 }
 
+void KernelTimer::credit(KernelKind kind, double seconds, std::int64_t calls, double work) {
+  KernelProfile* profile = detail::thread_profile;
+  if (profile == nullptr) return;
+  KernelTotals& t = profile->totals_[static_cast<int>(kind)];
+  t.seconds += seconds;
+  t.calls += calls;
+  t.work += work;
+  if (profile->innermost_ != nullptr) {
+    profile->innermost_->nested_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+}
+
 }  // namespace dtrain::nn::cpu

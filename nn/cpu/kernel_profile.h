@@ -2,7 +2,7 @@
 // kernel (dtrain-bench train --profile). Every kernel the host runs opens a
 // KernelTimer of its kind: HostDevice::run for the kernel set's layers and
 // the device's copies, waits and engine kernels, and inside them each GEMM,
-// bias gradient, softmax pass and head copy. A timer adds its time, less the
+// bias gradient and attention pass. A timer adds its time, less the
 // time of the timers opened inside it, to its kind's slot, so nested work
 // counts once, in its own kind.
 //
@@ -18,7 +18,10 @@
 // Threading: a profile is set per thread (set_thread_profile; HostDevice::
 // set_profile sets it on the thread that runs the device's work) and only
 // that thread writes it; read it once that thread's work is done. Work in an
-// OpenMP region counts toward the timer of the thread that opened it.
+// OpenMP region counts toward the timer of the thread that opened it; timers
+// opened by the region's other threads record nothing, so a region that
+// wants its parts seen tallies them per thread and credits the sum
+// (KernelTimer::credit; attention's tile products do).
 #pragma once
 
 #include <array>
@@ -35,9 +38,8 @@ enum class KernelKind : int {
   layernorm_backward,
   gelu_forward,
   gelu_backward,
-  softmax_forward,         // attention's, over the score rows
-  softmax_backward,
-  head_copy,               // attention's [B, T, parts, H, hd] <-> [B, H, T, hd] reshuffles
+  attention_forward,       // attention's tile loop less its products: gathers, softmax, writes
+  attention_backward,      // the same in backward: gathers, P from lse, softmax's backward, writes
   attention_decode,        // decode's attention over the key/value cache (work not counted)
   embedding_forward,       // tokens, or patches outside their GEMM; positions
   embedding_backward,
@@ -59,7 +61,7 @@ inline constexpr int kKernelKinds = static_cast<int>(KernelKind::comm_wait) + 1;
 
 inline constexpr std::array<std::string_view, kKernelKinds> kKernelKindNames = {
     "gemm", "bias_grad", "layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward",
-    "softmax_forward", "softmax_backward", "head_copy", "attention_decode", "embedding_forward",
+    "attention_forward", "attention_backward", "attention_decode", "embedding_forward",
     "embedding_backward", "mean_pool_forward", "mean_pool_backward", "cross_entropy_forward",
     "cross_entropy_backward", "dropout", "residual", "convert", "add", "sum_of_squares", "adamw", "copy",
     "zero", "comm_wait"};
@@ -107,6 +109,12 @@ class KernelTimer {
   }
   KernelTimer(const KernelTimer&) = delete;
   KernelTimer& operator=(const KernelTimer&) = delete;
+
+  // Adds work the threads of an OpenMP region did (their calls and work,
+  // and their time summed over threads divided by the team size: the wall
+  // time it stands for) to the calling thread's profile, if any, as nested
+  // in its innermost open timer.
+  static void credit(KernelKind kind, double seconds, std::int64_t calls, double work);
 
  private:
   using Clock = std::chrono::steady_clock;

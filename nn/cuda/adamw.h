@@ -19,8 +19,9 @@ void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_av
                   const AdamWConstants& k, cudaStream_t stream);
 
 // *total += sum of x[i]^2 over n (nn::sum_of_squares): float partial sums over
-// chunks of 1024, as the CPU, added in double; total is device memory and the
-// chunks reach it in no fixed order (atomics).
+// chunks of 1024, as the CPU (each chunk summed in its own order), added in
+// double; total is device memory and the chunks reach it in no fixed order
+// (atomics).
 void sum_of_squares(const float* x, std::int64_t n, double* total, cudaStream_t stream);
 
 }  // namespace dtrain::nn::cuda

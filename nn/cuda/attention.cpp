@@ -1,14 +1,24 @@
-// AttentionOps (attention.h): what reads the shape, and the products.
+// AttentionOps (attention.h): what reads the shape, the group, and the products.
 #include "nn/cuda/attention.h"
 
 #include "nn/attention.h"
+#include "nn/attention_steps.h"
 
 namespace dtrain::nn::cuda {
 
 template <DType D>
-AttentionOps<D>::AttentionOps(Blas& blas, const AttentionShape& s, cudaStream_t stream)
-    : blas_(blas), stream_(stream), batch_(s.batch), heads_(s.heads), seq_(s.seq), head_dim_(s.head_dim),
-      causal_(s.causal) {}
+AttentionOps<D>::AttentionOps(Blas& blas, const AttentionShape& s, cudaStream_t stream,
+                              const AttentionScratch<T>& scratch)
+    : scratch_(&scratch), blas_(blas), stream_(stream), batch_(s.batch), heads_(s.heads), seq_(s.seq),
+      head_dim_(s.head_dim), causal_(s.causal) {}
+
+template <DType D>
+AttentionGroup<typename AttentionOps<D>::T> AttentionOps<D>::group(const AttentionSaved<T>& saved) const {
+  const AttentionScratch<T>& x = *scratch_;
+  return AttentionGroup<T>{.pair0 = 0, .pairs = batch_ * heads_, .q = saved.q, .k = saved.k, .v = saved.v,
+                           .lse = saved.lse, .scores = x.scores, .dp = x.dp, .probs = x.probs,
+                           .d_scores = x.d_scores, .o = x.heads, .dq = x.dq, .dk = x.dk, .dv = x.dv};
+}
 
 template <DType D>
 void AttentionOps<D>::gemm(const Gemm& g, const void* a, const void* b, void* c) {

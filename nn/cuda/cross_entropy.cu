@@ -64,7 +64,7 @@ __global__ void cross_entropy_forward_kernel(const float* logits, const std::int
   sum = block_sum(sum);
   const float inv = 1.0f / sum;
   for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) p[j] *= inv;
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0 || totals == nullptr) return;
   // -log softmax[target] = logsumexp - x[target], without forming log(p).
   atomicAdd(&totals->loss_sum, static_cast<double>(logf(sum) + top.value - target_logit));
   if (top.index == target) atomicAdd(reinterpret_cast<unsigned long long*>(&totals->correct), 1ull);

@@ -16,7 +16,8 @@ namespace dtrain::nn::cuda {
 
 // logits: [n, v] -> probs: [n, v] (softmax; may alias logits); targets: [n],
 // each in [0, v). Adds the rows' -log p[target] and the rows whose argmax
-// (the first on ties, as the CPU) is the target to *totals.
+// (the first on ties, as the CPU) is the target to *totals (unless null:
+// backward recomputing probabilities).
 void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* probs, std::int64_t n,
                            std::int64_t v, CrossEntropyTotals* totals, cudaStream_t stream);
 

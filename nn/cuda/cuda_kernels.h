@@ -43,8 +43,8 @@ class CudaKernels {
 
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
-                         std::int64_t n, std::int64_t c) {
-    cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, kLayerNormEps, stream_);
+                         std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
+    cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, kLayerNormEps, x_copy, stream_);
   }
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                           float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx) {
@@ -72,20 +72,22 @@ class CudaKernels {
     add_column_sums<format<X>>(dy, db, n, out, stream_);
   }
 
+  // Every pair and row as one tile, through the whole-batch scratch.
+  static constexpr bool kAttentionScratch = true;
   void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
                          const AttentionScratch<T>& scratch) {
-    AttentionOps<kCompute> ops(*blas_, s, stream_);
-    attention_forward_steps<kCompute>(ops, s, qkv, out, saved, scratch);
+    AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
+    attention_forward_steps<kCompute>(ops, s, qkv, out, saved);
   }
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
                           const AttentionScratch<T>& scratch) {
-    AttentionOps<kCompute> ops(*blas_, s, stream_);
-    attention_backward_steps<kCompute>(ops, s, d_out, d_qkv, saved, scratch);
+    AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
+    attention_backward_steps<kCompute>(ops, s, d_out, d_qkv, saved);
   }
   // Decoding with a key/value cache; the scores stay in shared memory, so `scores` is not used.
   void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,
                         T* k_cache, T* v_cache, T* out, float* /*scores*/) {
-    AttentionOps<kCompute>(*blas_, s, stream_).cached(first, capacity, qkv, k_cache, v_cache, out);
+    AttentionOps<kCompute>(*blas_, s, stream_, {}).cached(first, capacity, qkv, k_cache, v_cache, out);
   }
 
   void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {

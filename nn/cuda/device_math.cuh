@@ -50,18 +50,21 @@ __device__ __forceinline__ float fast_exp(float x) {
   return x <= -87.0f ? 0.0f : __fmul_rn(p, scale);
 }
 
-// nn/cpu/vec_math.h's fast_erf (Numerical Recipes' erfc fit), op for op.
+// nn/cpu/vec_math.h's fast_erf (x P(x^2) / Q(x^2) on [-4, 4]), op for op.
 __device__ __forceinline__ float fast_erf(float x) {
-  const float ax = fabsf(x);
-  const float t = __fdiv_rn(1.0f, __fadd_rn(1.0f, __fmul_rn(0.5f, ax)));
-  const float c[] = {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f,
-                     0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
-  float poly = 0.17087277f;
+  x = fminf(fmaxf(x, -4.0f), 4.0f);
+  const float x2 = __fmul_rn(x, x);
+  const float pc[] = {2.77068142495902e-08f, -2.10102402082508e-06f, -5.69250639462346e-05f,
+                      -7.34990630326855e-04f, -2.95459980854025e-03f, -1.60960333262415e-02f};
+  const float qc[] = {-2.13374055278905e-04f, -1.68282697438203e-03f, -7.37332916720468e-03f,
+                      -1.42647390514189e-02f};
+  float p = -2.72614225801306e-10f;
 #pragma unroll
-  for (float ci : c) poly = __fadd_rn(__fmul_rn(poly, t), ci);
-  const float erfc = __fmul_rn(t, fast_exp(__fadd_rn(-__fmul_rn(ax, ax), poly)));
-  const float y = __fsub_rn(1.0f, erfc);
-  return x < 0.0f ? -y : y;
+  for (float c : pc) p = __fadd_rn(__fmul_rn(p, x2), c);
+  float q = -1.45660718464996e-05f;
+#pragma unroll
+  for (float c : qc) q = __fadd_rn(__fmul_rn(q, x2), c);
+  return fminf(fmaxf(__fdiv_rn(__fmul_rn(x, p), q), -1.0f), 1.0f);
 }
 
 // Format<D>: loads and stores of storage format D (format.h) in f32; 16-bit

@@ -12,7 +12,7 @@ using detail::kBlock;
 // One block per row: mean, then the centred variance (two passes, as the CPU).
 template <DType Y>
 __global__ void layernorm_forward_kernel(const float* x, const float* weight, const float* bias, Storage<Y>* y,
-                                         float* mean, float* rstd, std::int64_t c, float eps) {
+                                         float* mean, float* rstd, std::int64_t c, float eps, float* x_copy) {
   const std::int64_t row = blockIdx.x;
   const float* xi = x + row * c;
   Storage<Y>* yi = y + row * c;
@@ -27,6 +27,7 @@ __global__ void layernorm_forward_kernel(const float* x, const float* weight, co
   const float s = 1.0f / sqrtf(block_sum(var) / static_cast<float>(c) + eps);
   for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) {
     yi[j] = detail::Format<Y>::store((xi[j] - m) * s * weight[j] + bias[j]);
+    if (x_copy != nullptr) x_copy[row * c + j] = xi[j];
   }
   if (threadIdx.x == 0) {
     mean[row] = m;
@@ -75,15 +76,16 @@ __global__ void layernorm_params_kernel(const float* dy, const float* x, const f
 
 template <DType Y>
 void layernorm_forward(const float* x, const float* weight, const float* bias, Storage<Y>* y, float* mean,
-                       float* rstd, std::int64_t n, std::int64_t c, float eps, cudaStream_t stream) {
+                       float* rstd, std::int64_t n, std::int64_t c, float eps, float* x_copy, cudaStream_t stream) {
   if (n == 0 || c == 0) return;
-  layernorm_forward_kernel<Y><<<static_cast<unsigned>(n), kBlock, 0, stream>>>(x, weight, bias, y, mean, rstd, c, eps);
+  layernorm_forward_kernel<Y><<<static_cast<unsigned>(n), kBlock, 0, stream>>>(x, weight, bias, y, mean, rstd, c, eps,
+                                                                               x_copy);
   DTRAIN_CUDA_LAUNCHED();
 }
 
 #define DTRAIN_INSTANTIATE(Y)                                                                                  \
   template void layernorm_forward<Y>(const float*, const float*, const float*, Storage<Y>*, float*, float*, \
-                                     std::int64_t, std::int64_t, float, cudaStream_t);
+                                     std::int64_t, std::int64_t, float, float*, cudaStream_t);
 DTRAIN_CUDA_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 

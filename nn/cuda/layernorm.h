@@ -15,10 +15,11 @@
 namespace dtrain::nn::cuda {
 
 // x: [n, c] f32; weight, bias: [c]; y: [n, c] in format Y (computed in f32);
-// saves mean, rstd: [n] for backward.
+// saves mean, rstd: [n] for backward; x_copy, when given, receives x in the
+// same pass (nn::layernorm_forward).
 template <DType Y>
 void layernorm_forward(const float* x, const float* weight, const float* bias, Storage<Y>* y, float* mean,
-                       float* rstd, std::int64_t n, std::int64_t c, float eps, cudaStream_t stream);
+                       float* rstd, std::int64_t n, std::int64_t c, float eps, float* x_copy, cudaStream_t stream);
 
 // dy, x: [n, c]. dx: [n, c], written, or added to when accumulate_dx (dx must
 // not alias dy). dweight, dbias: [c], always added to.

