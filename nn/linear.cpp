@@ -45,18 +45,19 @@ Gemm typed(Gemm g, DType operands, DType output) {
 
 template <class FX, class FY>
 void linear_forward(const typename FX::T* x, const typename FX::T* weight, const float* bias,
-                    typename FY::T* y, std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate) {
-  cpu::gemm(typed(linear_forward_gemm(n, in, out, accumulate), FX::kDType, FY::kDType),
-            static_cast<const void*>(x), weight, y, bias);
+                    typename FY::T* y, std::int64_t n, std::int64_t in, std::int64_t out, bool accumulate,
+                    std::uint64_t weights_version) {
+  cpu::gemm_weights(typed(linear_forward_gemm(n, in, out, accumulate), FX::kDType, FY::kDType), x, weight,
+                    weights_version, y, bias);
 }
 
 template <class FX, class FD>
 void linear_backward(const typename FX::T* dy, const typename FX::T* x, const typename FX::T* weight,
                      typename FD::T* dx, float* dweight, float* dbias, std::int64_t n, std::int64_t in,
-                     std::int64_t out, bool accumulate_dx, const float* dy_f32) {
+                     std::int64_t out, bool accumulate_dx, const float* dy_f32, std::uint64_t weights_version) {
   if (dx != nullptr) {
-    cpu::gemm(typed(linear_input_grad_gemm(n, in, out, accumulate_dx), FX::kDType, FD::kDType),
-              static_cast<const void*>(dy), weight, dx);
+    cpu::gemm_weights(typed(linear_input_grad_gemm(n, in, out, accumulate_dx), FX::kDType, FD::kDType), dy,
+                      weight, weights_version, dx);
   }
   cpu::gemm(typed(linear_weight_grad_gemm(n, in, out), FX::kDType, DType::f32), static_cast<const void*>(dy),
             x, dweight);
@@ -71,9 +72,10 @@ void linear_backward(const typename FX::T* dy, const typename FX::T* x, const ty
 // Operands and output of one format, and 16-bit operands with an f32 output.
 #define DTRAIN_INSTANTIATE(FX, FY)                                                                       \
   template void linear_forward<FX, FY>(const FX::T*, const FX::T*, const float*, FY::T*, std::int64_t,   \
-                                       std::int64_t, std::int64_t, bool);                                \
+                                       std::int64_t, std::int64_t, bool, std::uint64_t);                 \
   template void linear_backward<FX, FY>(const FX::T*, const FX::T*, const FX::T*, FY::T*, float*, float*, \
-                                        std::int64_t, std::int64_t, std::int64_t, bool, const float*);
+                                        std::int64_t, std::int64_t, std::int64_t, bool, const float*,    \
+                                        std::uint64_t);
 #define DTRAIN_INSTANTIATE_SAME(F) DTRAIN_INSTANTIATE(F, F)
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE_SAME)
 DTRAIN_INSTANTIATE(cpu::Bf16Format, cpu::F32Format)

@@ -26,17 +26,21 @@ cpu::Gemm typed(cpu::Gemm g, DType operands, DType output);
 
 // x: [n, in], weight: [out, in], bias: [out] or null, y: [n, out].
 // accumulate: y += x W^T + b instead of y = ... (used to add a residual in place).
+// weights_version: the weight's version (nn/parameters.h, BlockPointers) for
+// cpu::gemm_weights to read it in oneDNN's preferred layout; 0 reads it as stored.
 template <class FX = cpu::F32Format, class FY = FX>
 void linear_forward(const typename FX::T* x, const typename FX::T* weight, const float* bias,
                     typename FY::T* y, std::int64_t n, std::int64_t in, std::int64_t out,
-                    bool accumulate = false);
+                    bool accumulate = false, std::uint64_t weights_version = 0);
 
 // dy: [n, out]. dx: [n, in] written (or added to when accumulate_dx); null skips it.
 // dweight: [out, in] and dbias: [out] (may be null) are added to. dbias sums
 // dy_f32 when given (the same gradient before it was rounded to FX), else dy.
+// weights_version: as for linear_forward (dx's product; dweight stays plain).
 template <class FX = cpu::F32Format, class FD = FX>
 void linear_backward(const typename FX::T* dy, const typename FX::T* x, const typename FX::T* weight,
                      typename FD::T* dx, float* dweight, float* dbias, std::int64_t n, std::int64_t in,
-                     std::int64_t out, bool accumulate_dx = false, const float* dy_f32 = nullptr);
+                     std::int64_t out, bool accumulate_dx = false, const float* dy_f32 = nullptr,
+                     std::uint64_t weights_version = 0);
 
 }  // namespace dtrain::nn

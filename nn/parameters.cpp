@@ -1,5 +1,6 @@
 #include "nn/parameters.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -86,6 +87,11 @@ BlockPointers ParameterStore::pointers() {
 
 void ParameterStore::zero_grads() {
   std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+}
+
+std::uint64_t next_weights_version() {
+  static std::atomic<std::uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 }  // namespace dtrain::nn

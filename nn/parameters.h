@@ -67,7 +67,17 @@ struct BlockPointers {
   // Mixed precision: compute[b] -> a 16-bit copy of block b's parameters (same
   // layout), refreshed by the owner after every update; empty in fp32.
   std::vector<const std::uint16_t*> compute;
+  // The version of the parameters' contents (and compute copies): the owner
+  // stores a new next_weights_version() after every change and before any
+  // product that reads the new values is submitted, so that matmuls may keep
+  // weights in another layout until it changes (cpu::gemm_weights). Null:
+  // no promise, the matmuls read the weights as stored every time.
+  const std::uint64_t* weights_version = nullptr;
 };
+
+// A version no call has returned before in this process (never 0): owners of
+// different parameters at the same address never share one.
+std::uint64_t next_weights_version();
 
 // Single-process owner of all flat buffers: parameters, gradients and the
 // AdamW moments, each one allocation with the blocks back to back.

@@ -141,6 +141,7 @@ float* Engine::Impl::local_gradients(int b) {
 }
 
 void Engine::Impl::refresh_compute() {
+  weights_version_ = nn::next_weights_version();
   if (!half_compute()) return;
   if (options_.stage == 3) {
     for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) s->converted = -1;
@@ -173,6 +174,8 @@ nn::BlockPointers Engine::Impl::pointers() const {
     p.grads.push_back(options_.stage >= 2 ? self->gradient_buffer(b) : self->full_grads(b));
     if (half_compute()) p.compute.push_back(self->compute_buffer(b));
   }
+  // Stage 3 refills its gather slots block after block under one version.
+  if (options_.stage < 3) p.weights_version = &weights_version_;
   return p;
 }
 

@@ -71,7 +71,8 @@ struct Engine::Impl {
   // Block b's full-size local gradient (before communication), device memory.
   float* local_gradients(int b);
   // Stages 0-2: converts every block's masters into the compute copies;
-  // stage 3: forgets which gathered blocks were converted. No-op in f32.
+  // stage 3: forgets which gathered blocks were converted. Every change of
+  // the masters ends here, so it also draws a new weights version.
   void refresh_compute();
 
   // Sum of squares of the averaged gradients over every rank (host; waits for the device).
@@ -153,6 +154,7 @@ struct Engine::Impl {
   Array<double> sum_sq_;        // this rank's gradient sum of squares
   Array<double> all_sums_;      // every rank's (stages 1-3)
   nn::HostArray<double> host_sums_;
+  std::uint64_t weights_version_ = nn::next_weights_version();  // BlockPointers::weights_version
   // Devices without host memory: the state a checkpoint saves or loads, on
   // the host (allocated by the first save or resume), and where each piece
   // lives on the device.

@@ -43,7 +43,7 @@ std::int64_t loader_bytes(const config::Config& c, std::int64_t seq_len, int pre
 std::int64_t MemoryPlan::host_total() const { return resident_bytes + host_to_allocate(); }
 
 std::int64_t MemoryPlan::host_to_allocate() const {
-  const std::int64_t device = state.model_state_bytes() + state.working_bytes + activation_bytes;
+  const std::int64_t device = state.model_state_bytes() + state.working_bytes + activation_bytes + weight_copy_bytes;
   return loader_bytes + (on_device ? 0 : device);
 }
 
@@ -62,6 +62,12 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
       nn::planned_activation_bytes(model, layout, c.train().micro_batch_size(), seq_len, plan.on_device);
   plan.loader_bytes = loader_bytes(c, seq_len, c.data().prefetch()) + loader_bytes(c, seq_len, 0);
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
+  // On the host, below stage 3, every linear's forward and input-gradient
+  // products keep a copy of its weight in the compute precision (f16 runs
+  // widened, as stored).
+  if (!plan.on_device && eo.stage < 3 && eo.compute != DType::f16) {
+    plan.weight_copy_bytes = 2 * model.matmul_params() * static_cast<std::int64_t>(dtype_size(eo.compute));
+  }
   return plan;
 }
 
@@ -76,6 +82,9 @@ std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
   out += fmt::format("  optimizer state  {:>10.1f} MiB ({})\n", mib(p.state.optimizer_bytes), where);
   out += fmt::format("  working buffers  {:>10.1f} MiB ({})\n", mib(p.state.working_bytes), where);
   out += fmt::format("  activations      {:>10.1f} MiB ({})\n", mib(p.activation_bytes), where);
+  if (p.weight_copy_bytes > 0) {
+    out += fmt::format("  weight layouts   {:>10.1f} MiB (host, oneDNN's copies)\n", mib(p.weight_copy_bytes));
+  }
   out += fmt::format("  data loaders     {:>10.1f} MiB (host)\n", mib(p.loader_bytes));
   out += fmt::format("  process and data {:>10.1f} MiB (host, resident now)\n", mib(p.resident_bytes));
   out += fmt::format("  host total       {:>10.1f} MiB\n", mib(p.host_total()));

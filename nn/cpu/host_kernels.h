@@ -50,15 +50,19 @@ class HostKernels {
   }
 
   // Untimed as a whole: the GEMMs and the bias gradient time themselves.
+  // w_version: w's version (BlockPointers::weights_version), 0 if unknown;
+  // read on this thread, so the product sees the version of its submission.
   template <class X, class Y>
   void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,
-                      std::int64_t out, bool accumulate) {
-    dev_->run([=] { nn::linear_forward<Fmt<X>, Fmt<Y>>(x, w, b, y, n, in, out, accumulate); });
+                      std::int64_t out, bool accumulate, std::uint64_t w_version = 0) {
+    dev_->run([=] { nn::linear_forward<Fmt<X>, Fmt<Y>>(x, w, b, y, n, in, out, accumulate, w_version); });
   }
   template <class X, class D>
   void linear_backward(const X* dy, const float* dy_f32, const X* x, const X* w, D* dx, float* dw, float* db,
-                       std::int64_t n, std::int64_t in, std::int64_t out) {
-    dev_->run([=] { nn::linear_backward<Fmt<X>, Fmt<D>>(dy, x, w, dx, dw, db, n, in, out, false, dy_f32); });
+                       std::int64_t n, std::int64_t in, std::int64_t out, std::uint64_t w_version = 0) {
+    dev_->run([=] {
+      nn::linear_backward<Fmt<X>, Fmt<D>>(dy, x, w, dx, dw, db, n, in, out, false, dy_f32, w_version);
+    });
   }
 
   // The CPU works in per-thread tiles: it takes no whole-batch scratch.

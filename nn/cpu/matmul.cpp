@@ -20,10 +20,12 @@
 namespace dtrain::nn::cpu {
 namespace {
 
-// The cache key: every field of Gemm plus whether a bias is given.
+// The cache key: every field of Gemm, whether a bias is given and whether B
+// is read in the layout the primitive picks (gemm_weights).
 struct Key {
   Gemm g;
   bool bias = false;
+  bool packed_b = false;
   bool operator==(const Key&) const = default;
 };
 
@@ -43,7 +45,8 @@ struct KeyHash {
     static_assert(sizeof(alpha_bits) == sizeof(alpha));
     std::memcpy(&alpha_bits, &alpha, sizeof(alpha_bits));
     mix(alpha_bits);
-    mix((g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.accumulate ? 4 : 0) | (key.bias ? 8 : 0));
+    mix((g.trans_a ? 1 : 0) | (g.trans_b ? 2 : 0) | (g.accumulate ? 4 : 0) | (key.bias ? 8 : 0) |
+        (key.packed_b ? 16 : 0));
     mix(static_cast<int>(g.a_type) | static_cast<int>(g.b_type) << 8 |
         static_cast<int>(g.c_type) << 16);
     return h;
@@ -61,6 +64,29 @@ struct Entry {
   // f16 operands run the f32 primitive on widened copies of these extents.
   bool widen = false;
   std::int64_t extent_a = 0, extent_b = 0, extent_c = 0;
+  // packed_b: B as stored -> B in the primitive's layout (`b`), of packed_bytes.
+  dnnl::reorder pack;
+  dnnl::memory b_stored;
+  std::size_t packed_bytes = 0;
+};
+
+// A weight in the layout one cached primitive reads it, made from the
+// contents `version` named.
+struct Packed {
+  AlignedBuffer<std::byte> data;
+  std::uint64_t version = 0;
+};
+
+struct PackedKey {
+  Key key;
+  const void* b = nullptr;
+  bool operator==(const PackedKey&) const = default;
+};
+
+struct PackedKeyHash {
+  std::size_t operator()(const PackedKey& k) const {
+    return KeyHash{}(k.key) ^ (std::hash<const void*>{}(k.b) * 0x9e3779b97f4a7c15ULL);
+  }
 };
 
 // Per-thread state: see the threading contract in matmul.h.
@@ -68,6 +94,7 @@ struct ThreadCache {
   dnnl::stream stream;
   std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> entries;
   std::vector<float> wide_a, wide_b, wide_c;  // f16 widening scratch; only grows
+  std::unordered_map<PackedKey, Packed, PackedKeyHash> packed;  // gemm_weights' copies
 };
 
 dnnl::engine& cpu_engine() {
@@ -76,7 +103,7 @@ dnnl::engine& cpu_engine() {
 }
 
 ThreadCache& thread_cache() {
-  thread_local ThreadCache cache{dnnl::stream(cpu_engine()), {}, {}, {}, {}};
+  thread_local ThreadCache cache{dnnl::stream(cpu_engine()), {}, {}, {}, {}, {}};
   return cache;
 }
 
@@ -151,7 +178,9 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
   const bool widen = uses_f16(g);
   auto type = [widen](DType t) { return widen ? dnnl::memory::data_type::f32 : dnnl_type(t); };
   const dnnl::memory::desc a = describe(oa, g.trans_a, g.batch, type(g.a_type));
-  const dnnl::memory::desc b = describe(ob, g.trans_b, g.batch, type(g.b_type));
+  const dnnl::memory::desc b_stored = describe(ob, g.trans_b, g.batch, type(g.b_type));
+  const dnnl::memory::desc b =
+      key.packed_b ? dnnl::memory::desc(b_stored.dims(), type(g.b_type), dnnl::memory::format_tag::any) : b_stored;
   const dnnl::memory::desc c = describe(oc, false, g.batch, type(g.c_type));
   const dnnl::memory::dims bias_dims =
       g.batch == 1 ? dnnl::memory::dims{1, g.n} : dnnl::memory::dims{1, 1, g.n};
@@ -185,7 +214,12 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
   }
   entry->prim = dnnl::matmul(pd);
   entry->a = dnnl::memory(a, cpu_engine(), DNNL_MEMORY_NONE);
-  entry->b = dnnl::memory(b, cpu_engine(), DNNL_MEMORY_NONE);
+  entry->b = dnnl::memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE);
+  if (key.packed_b) {
+    entry->b_stored = dnnl::memory(b_stored, cpu_engine(), DNNL_MEMORY_NONE);
+    entry->pack = dnnl::reorder(dnnl::reorder::primitive_desc(entry->b_stored, entry->b));
+    entry->packed_bytes = pd.weights_desc().get_size();
+  }
   entry->c = dnnl::memory(c, cpu_engine(), DNNL_MEMORY_NONE);
   entry->args[0] = {DNNL_ARG_SRC, entry->a.get()};
   entry->args[1] = {DNNL_ARG_WEIGHTS, entry->b.get()};
@@ -199,9 +233,9 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
   return entry;
 }
 
-Entry& lookup(const Gemm& g, bool with_bias) {
+Entry& lookup(const Gemm& g, bool with_bias, bool packed_b = false) {
   ThreadCache& cache = thread_cache();
-  const Key key{g, with_bias};
+  const Key key{g, with_bias, packed_b};
   auto it = cache.entries.find(key);
   if (it != cache.entries.end()) return *it->second;
   try {
@@ -257,6 +291,25 @@ void run_widened(const Gemm& g, Entry& e, const void* a, const void* b, void* c,
   if (g.c_type != DType::f32) f32_to_half(wc, g.c_type, static_cast<std::uint16_t*>(c), e.extent_c);
 }
 
+// This thread's copy of b in e's layout, reordered again when `version` is new.
+const void* packed(const Gemm& g, bool with_bias, Entry& e, const void* b, std::uint64_t version) {
+  ThreadCache& cache = thread_cache();
+  Packed& p = cache.packed[PackedKey{Key{g, with_bias, true}, b}];
+  if (p.version == version) return p.data.data();
+  if (p.data.size() == 0) p.data = AlignedBuffer<std::byte>(e.packed_bytes);
+  const KernelTimer timer(KernelKind::convert,
+                          static_cast<double>(e.b_stored.get_desc().get_size() + e.packed_bytes));
+  check_status(dnnl_memory_set_data_handle_v2(e.b_stored.get(), const_cast<void*>(b), nullptr),
+               "set_data_handle(stored B)", g);
+  check_status(dnnl_memory_set_data_handle_v2(e.b.get(), p.data.data(), nullptr),
+               "set_data_handle(packed B)", g);
+  const std::array<dnnl_exec_arg_t, 2> args{{{DNNL_ARG_SRC, e.b_stored.get()}, {DNNL_ARG_DST, e.b.get()}}};
+  check_status(dnnl_primitive_execute(e.pack.get(), cache.stream.get(), 2, args.data()), "reorder(B)", g);
+  check_status(dnnl_stream_wait(cache.stream.get()), "stream wait", g);
+  p.version = version;
+  return p.data.data();
+}
+
 // What a profile counts for g (nn/cpu/kernel_profile.h).
 double flops(const Gemm& g) {
   return 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) *
@@ -280,6 +333,18 @@ void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bia
   } else {
     run(g, e, a, b, c, bias);
   }
+}
+
+void gemm_weights(const Gemm& g, const void* a, const void* b, std::uint64_t b_version, void* c,
+                  const float* bias) {
+  if (b_version == 0 || g.batch != 1 || uses_f16(g)) {
+    gemm(g, a, b, c, bias);
+    return;
+  }
+  Entry& e = lookup(g, bias != nullptr, /*packed_b=*/true);
+  const void* pb = packed(g, bias != nullptr, e, b, b_version);
+  const KernelTimer timer(KernelKind::gemm, flops(g));
+  run(g, e, a, pb, c, bias);
 }
 
 std::string gemm_impl_info(const Gemm& g, bool with_bias) { return lookup(g, with_bias).impl; }

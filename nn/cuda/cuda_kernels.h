@@ -52,15 +52,16 @@ class CudaKernels {
   }
 
   // y (+)= x W^T + b: one product (the bias broadcast first when given).
+  // cuBLAS reads W as stored: the weights' version is not needed.
   template <class X, class Y>
   void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,
-                      std::int64_t out, bool accumulate) {
+                      std::int64_t out, bool accumulate, std::uint64_t /*w_version*/ = 0) {
     gemm(*blas_, typed(linear_forward_gemm(n, in, out, accumulate), format<X>, format<Y>), x, w, y, b, stream_);
   }
   // dx = dy W (unless null), dW += dy^T x, db += column sums of dy_f32 (when given) or of dy.
   template <class X, class D>
   void linear_backward(const X* dy, const float* dy_f32, const X* x, const X* w, D* dx, float* dw, float* db,
-                       std::int64_t n, std::int64_t in, std::int64_t out) {
+                       std::int64_t n, std::int64_t in, std::int64_t out, std::uint64_t /*w_version*/ = 0) {
     if (dx != nullptr) {
       gemm(*blas_, typed(linear_input_grad_gemm(n, in, out, false), format<X>, format<D>), dy, w, dx, nullptr,
            stream_);

@@ -51,6 +51,28 @@ TEST(Trainer, ClassifierReaches99PercentOnTheSyntheticTask) {
   EXPECT_GE(*e.accuracy, 0.99) << "eval loss " << e.loss;
 }
 
+// The matmuls keep weights in oneDNN's layout under a version
+// (cpu::gemm_weights): every update must draw a new one, or the next forward
+// would multiply by the weights before the step. Stage 3 refills its slots
+// block after block, so it promises no version.
+TEST(Trainer, EveryOptimizerStepDrawsANewWeightsVersion) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    Trainer trainer(tiny_classifier({std::string("precision=") + precision}),
+                    {.write_outputs = false, .console = nullptr, .comm = nullptr});
+    const std::uint64_t* version = trainer.engine().pointers().weights_version;
+    ASSERT_NE(version, nullptr) << precision;
+    for (int i = 0; i < 3; ++i) {
+      const std::uint64_t before = *version;
+      EXPECT_NE(before, 0u);
+      trainer.step();
+      EXPECT_NE(*version, before) << precision << " step " << i + 1;
+    }
+  }
+  Trainer stage3(tiny_classifier({"parallel.zero_stage=3"}),
+                 {.write_outputs = false, .console = nullptr, .comm = nullptr});
+  EXPECT_EQ(stage3.engine().pointers().weights_version, nullptr);
+}
+
 // k micro-batches of B equal one batch of k*B: same samples, same update.
 TEST(Trainer, GradientAccumulationEqualsTheLargerBatch) {
   Trainer big(tiny_classifier({"train.micro_batch_size=8", "train.grad_accum_steps=1"}),
