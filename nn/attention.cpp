@@ -23,7 +23,7 @@ namespace {
 
 // Query rows per tile: a tile's S, dP, P and dS (4 x 64 x T floats) stay in
 // L2 for the sequence lengths dtrain trains at, and one pair's T = 64..128
-// rows make one or two tiles. Measured against 32 and 128 (1 thread).
+// rows make one or two tiles (other sizes are not measured yet).
 constexpr std::int64_t kQueryBlock = 64;
 
 // One thread's tile buffers (grown on first use, then reused).
