@@ -98,7 +98,8 @@ Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, 
   allocate(plan_);
   std::vector<std::int64_t> padded;
   for (const std::int64_t n : numel_) padded.push_back(padded_size(n, world_));
-  buckets_ = plan_buckets(padded, options.first_bucket_mb, options.bucket_mb);
+  buckets_ = plan_buckets(padded, options.first_bucket_mb,
+                          bucket_limit_mb(padded, options.first_bucket_mb, options.bucket_mb));
 }
 
 void Engine::Impl::allocate(const BufferPlan& p) {

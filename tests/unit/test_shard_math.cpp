@@ -109,6 +109,24 @@ TEST(BucketPlan, EveryBlockIsInExactlyOneBucketForAnyLimits) {
   EXPECT_EQ(tiny.buckets.size(), 2u);
 }
 
+// bucket_mb bounds the later buckets, but a model of fewer than kMinBuckets
+// such buckets gets buckets of a kMinBuckets-th of its gradients, never
+// below the first bucket's limit.
+TEST(BucketPlan, ASmallModelStillGetsSeveralBuckets) {
+  constexpr std::int64_t kMiBFloats = 1024 * 1024 / 4;
+  const std::vector<std::int64_t> lm_small = {2 * kMiBFloats, 3 * kMiBFloats, 3 * kMiBFloats, 3 * kMiBFloats,
+                                              3 * kMiBFloats, kMiBFloats / 4};  // 14.25 MiB
+  EXPECT_DOUBLE_EQ(bucket_limit_mb(lm_small, 1.0, 25.0), 14.25 / 4);
+  EXPECT_EQ(plan_buckets(lm_small, 1.0, bucket_limit_mb(lm_small, 1.0, 25.0)).buckets.size(), 6u)
+      << "the head, then one block each";
+  EXPECT_DOUBLE_EQ(bucket_limit_mb(lm_small, 1.0, 2.0), 2.0) << "a smaller bucket_mb stays";
+  const std::vector<std::int64_t> large(40, 25 * kMiBFloats);  // 1000 MiB
+  EXPECT_DOUBLE_EQ(bucket_limit_mb(large, 1.0, 25.0), 25.0);
+  const std::vector<std::int64_t> tiny = {kMiBFloats / 8, kMiBFloats / 8};  // 0.25 MiB
+  EXPECT_DOUBLE_EQ(bucket_limit_mb(tiny, 1.0, 25.0), 1.0) << "not below the first bucket's limit";
+  EXPECT_DOUBLE_EQ(bucket_limit_mb(tiny, 1.0, 0.01), 0.01);
+}
+
 // Model-state bytes per rank for each stage vs the ZeRO paper's formulas,
 // within 10% (padding is the only difference); working buffers separately.
 TEST(EngineMemory, ModelStatesFollowTheZeroFormulas) {
