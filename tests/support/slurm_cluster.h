@@ -37,18 +37,31 @@ class SlurmCluster {
   explicit SlurmCluster(int nodes = 2) : nodes_(nodes) {
     missing_ = missing_prerequisite();
     if (!missing_.empty()) return;
-    make_dir();
-    // Every client command this process starts talks to this cluster, never
-    // to an enclosing job's.
-    ::setenv("SLURM_CONF", (dir_ / "slurm.conf").c_str(), 1);
-    for (const char* var : {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_PROCID",
-                            "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NTASKS"}) {
-      ::unsetenv(var);
-    }
-    write_munge_key();
     claim_job_ids();
-    write_config();
-    failure_ = start_daemons();
+    // A port picked free can be taken by another process before a daemon
+    // binds it ("Address already in use"): a start that fails stops what it
+    // started and tries again in a fresh directory on new ports; the last
+    // attempt's failure, with its logs, is the one reported.
+    for (int attempt = 1; attempt <= kStartAttempts; ++attempt) {
+      if (attempt > 1) {
+        stop();
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+        stopped_ = false;
+      }
+      make_dir();
+      // Every client command this process starts talks to this cluster, never
+      // to an enclosing job's.
+      ::setenv("SLURM_CONF", (dir_ / "slurm.conf").c_str(), 1);
+      for (const char* var : {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_PROCID",
+                              "SLURM_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NTASKS"}) {
+        ::unsetenv(var);
+      }
+      write_munge_key();
+      write_config();
+      failure_ = start_daemons();
+      if (failure_.empty()) return;
+    }
   }
   ~SlurmCluster() {
     stop();
@@ -116,6 +129,8 @@ class SlurmCluster {
   }
 
  private:
+  static constexpr int kStartAttempts = 3;
+
   static std::string missing_prerequisite() {
     if (::geteuid() != 0) return "the Slurm cluster tests run as root (slurmd runs jobs as any user)";
     for (const char* tool : {"munged", "slurmctld", "slurmd", "srun", "sbatch", "sinfo", "scontrol"}) {
