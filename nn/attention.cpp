@@ -215,7 +215,8 @@ struct HostOps {
 
 }  // namespace
 
-// Timed as one kernel each, less their products (credited to gemm). Work: every input read once, every result written once.
+// Timed as one kernel each, less their products (credited to gemm). Work:
+// every input read once, every result written once.
 template <class F>
 void attention_forward(const AttentionShape& s, const typename F::T* qkv, typename F::T* out,
                        const AttentionSaved<typename F::T>& saved) {

@@ -65,8 +65,8 @@ void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bia
 // gemm() where B is a weight that changes far less often than it is used: B
 // is read through a copy in the layout oneDNN's kernel prefers for g
 // (format_tag::any; blocked: a median 1.06x the speed of B as stored in f32,
-// 1.16x in bf16, at dtrain's linear shapes), made by a reorder when this thread's copy for (g, b) was made from
-// another b_version. The owner of b draws a new version from
+// 1.16x in bf16, at dtrain's linear shapes), made by a reorder when this
+// thread's copy for (g, b) was made from another b_version. The owner of b draws a new version from
 // next_weights_version() whenever b's contents change; b_version 0, batched
 // and f16 products run gemm() on B as stored. f32 results equal gemm()'s bit
 // for bit; bf16 ones may differ in the last bits (another summation order).

@@ -96,7 +96,9 @@ TEST(MatmulWeights, LinearProductsEqualTheStoredLayout) {
           // bf16 inputs in [-1, 1]: a product sums k terms of at most 1.
           const double tol = 1e-5 * static_cast<double>(g.k) + (g.c_type == DType::f32 ? 0.0 : 1.0 / 64);
           double worst = 0;
-          for (std::size_t i = 0; i < plain.size(); ++i) worst = std::max(worst, std::fabs(double{plain[i]} - packed[i]));
+          for (std::size_t i = 0; i < plain.size(); ++i) {
+            worst = std::max(worst, std::fabs(double{plain[i]} - packed[i]));
+          }
           EXPECT_LE(worst, tol) << gemm_string(g) << " bias=" << bias;
         }
       }
