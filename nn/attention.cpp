@@ -172,14 +172,13 @@ struct HostOps {
       float* e = g.scores + i * tile.keys;
       T* p = g.probs + i * tile.keys;
       const std::int64_t valid = this->valid(tile, i);
-      float mx = e[0];
-      for (std::int64_t j = 1; j < valid; ++j) mx = e[j] > mx ? e[j] : mx;
-      float sum = 0.0f;
-      for (std::int64_t j = 0; j < valid; ++j) {
+      const float mx = cpu::max_of(e, valid);
+      cpu::LaneSums lanes;
+      cpu::for_lanes(valid, [&](std::int64_t j, int lane) {
         e[j] = cpu::fast_exp(e[j] - mx);
-        sum += e[j];
-      }
-      const float inv = 1.0f / sum;
+        lanes.lane[lane] += e[j];
+      });
+      const float sum = lanes.total(), inv = 1.0f / sum;
       for (std::int64_t j = 0; j < valid; ++j) p[j] = F::store(e[j] * inv);
       for (std::int64_t j = valid; j < tile.keys; ++j) p[j] = F::store(0.0f);
       g.lse[tile.row0 + i] = mx + std::log(sum);
@@ -205,8 +204,9 @@ struct HostOps {
       const float* dr = g.dp + i * tile.keys;
       T* out = g.d_scores + i * tile.keys;
       const std::int64_t valid = this->valid(tile, i);
-      float dot = 0.0f;
-      for (std::int64_t j = 0; j < valid; ++j) dot += F::load(pr[j]) * dr[j];
+      cpu::LaneSums lanes;
+      cpu::for_lanes(valid, [&](std::int64_t j, int lane) { lanes.lane[lane] += F::load(pr[j]) * dr[j]; });
+      const float dot = lanes.total();
       for (std::int64_t j = 0; j < valid; ++j) out[j] = F::store(F::load(pr[j]) * (dr[j] - dot));
       for (std::int64_t j = valid; j < tile.keys; ++j) out[j] = F::store(0.0f);
     }

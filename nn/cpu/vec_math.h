@@ -80,4 +80,16 @@ inline void for_lanes(std::int64_t n, Fn&& fn) {
   for (int k = 0; j < n; ++j, ++k) fn(j, k);
 }
 
+// The largest of x[0 .. n), n >= 1, in lanes as for_lanes assigns them:
+// one scalar max chain would not vectorise either. max is exact, so the
+// result is the row's maximum whatever the order.
+inline float max_of(const float* x, std::int64_t n) {
+  float lane[kLanes];
+  for (float& l : lane) l = x[0];
+  for_lanes(n, [&](std::int64_t j, int k) { lane[k] = x[j] > lane[k] ? x[j] : lane[k]; });
+  float mx = lane[0];
+  for (int k = 1; k < kLanes; ++k) mx = lane[k] > mx ? lane[k] : mx;
+  return mx;
+}
+
 }  // namespace dtrain::nn::cpu

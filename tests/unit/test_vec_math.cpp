@@ -119,5 +119,18 @@ TEST(VecMath, VectorisedLoopMatchesScalarCalls) {
   }
 }
 
+// max_of is the row's maximum wherever it lies: in any lane, in the tail
+// past the last full group of eight, or first; and for every length.
+TEST(VecMath, MaxOfFindsTheMaximumInAnyLaneAndTheTail) {
+  for (std::int64_t n = 1; n <= 40; ++n) {
+    for (std::int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (std::int64_t j = 0; j < n; ++j) x[static_cast<std::size_t>(j)] = -100.0f - static_cast<float>(j % 7);
+      x[static_cast<std::size_t>(at)] = -3.5f;
+      EXPECT_EQ(max_of(x.data(), n), -3.5f) << "n = " << n << ", maximum at " << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::nn::cpu
