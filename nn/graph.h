@@ -84,9 +84,10 @@ class Graph final : public Model {
   float* param(int index, bool grad) const;
   // A matrix as the matmuls read it: the 16-bit compute copy, or the f32 parameter.
   const T* matrix(int index) const;
-  // The parameters' current version (BlockPointers::weights_version); 0 when
-  // unknown or decoding (matmuls then read the weights as stored).
-  std::uint64_t weights_version() const;
+  // The current version of parameter `index`'s block
+  // (BlockPointers::weights_version); 0 when unknown or decoding (matmuls
+  // then read the weights as stored).
+  std::uint64_t weights_version(int index) const;
   // `x` in storage T: x itself when T is f32, else rounded into `buffer`.
   const T* as_storage(const float* x, T* buffer, std::int64_t n);
 

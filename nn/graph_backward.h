@@ -47,13 +47,13 @@ void Graph<K>::head_backward(float grad_scale) {
       const T* dlogits_t = as_storage(dlogits, acts_.d_logits16.data(), count * v);
       k_.linear_backward(dlogits_t, dlogits, acts_.lnf.data() + first * d, tied ? matrix(0) : matrix(base + 2),
                          acts_.d_lnf.data() + first * d, tied ? param(0, true) : param(base + 2, true), nullptr,
-                         count, d, v, weights_version());
+                         count, d, v, weights_version(tied ? 0 : base + 2));
     }
   } else {
     k_.cross_entropy_backward(dlogits, inputs_.targets.data(), rows(), v, scale);
     k_.linear_backward(static_cast<const float*>(dlogits), dlogits, acts_.pooled.data(), param(base + 2, false),
                        acts_.d_pooled.data(), param(base + 2, true), param(base + 3, true), batch(), d,
-                       config().num_classes, weights_version());
+                       config().num_classes, weights_version(base + 2));
     k_.mean_pool_backward(acts_.d_pooled.data(), acts_.d_lnf.data(), batch(), seq_len(), d);
   }
   k_.layernorm_backward(acts_.d_lnf.data(), acts_.resid.back().data(), param(base, false), acts_.lnf_mean.data(),
@@ -86,23 +86,24 @@ void Graph<K>::layer_backward(int l) {
   // MLP branch: x_out = mid + fc2(gelu(fc1(ln2(mid)))).
   const float* g_mlp = branch_grad(2 * l + 1);
   k_.linear_backward(as_storage(g_mlp, acts_.d_resid16.data(), n * d), g_mlp, L.a.data(), matrix(base + kFc2W),
-                     acts_.d_h.data(), g(kFc2W), g(kFc2B), n, ff, d, weights_version());
+                     acts_.d_h.data(), g(kFc2W), g(kFc2B), n, ff, d, weights_version(base + kFc2W));
   // L.h holds gelu'; fc1's bias gradient is summed in the same pass.
   k_.gelu_backward(acts_.d_h.data(), L.h.data(), acts_.d_h.data(), g(kFc1B), n, ff);
   k_.linear_backward(acts_.d_h.data(), static_cast<const float*>(nullptr), L.ln2.data(), matrix(base + kFc1W),
-                     d_tmp, g(kFc1W), nullptr, n, d, ff, weights_version());
+                     d_tmp, g(kFc1W), nullptr, n, d, ff, weights_version(base + kFc1W));
   k_.layernorm_backward(d_tmp, L.mid.data(), w(kLn2W), L.ln2_mean.data(), L.ln2_rstd.data(), d_resid, g(kLn2W),
                         g(kLn2B), n, d, true);
 
   // Attention branch: mid = x + proj(attn(qkv(ln1(x)))).
   const float* g_attn = branch_grad(2 * l);
   k_.linear_backward(as_storage(g_attn, acts_.d_resid16.data(), n * d), g_attn, L.attn.data(),
-                     matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), g(kProjB), n, d, d, weights_version());
+                     matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), g(kProjB), n, d, d,
+                     weights_version(base + kProjW));
   k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(),
                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
                         acts_.attention_scratch());
   k_.linear_backward(acts_.d_qkv.data(), static_cast<const float*>(nullptr), L.ln1.data(), matrix(base + kQkvW),
-                     d_tmp, g(kQkvW), g(kQkvB), n, d, 3 * d, weights_version());
+                     d_tmp, g(kQkvW), g(kQkvB), n, d, 3 * d, weights_version(base + kQkvW));
   k_.layernorm_backward(d_tmp, x, w(kLn1W), L.ln1_mean.data(), L.ln1_rstd.data(), d_resid, g(kLn1W), g(kLn1B), n,
                         d, true);
 }

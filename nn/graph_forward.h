@@ -72,11 +72,11 @@ const typename Graph<K>::T* Graph<K>::matrix(int index) const {
 }
 
 template <class K>
-std::uint64_t Graph<K>::weights_version() const {
+std::uint64_t Graph<K>::weights_version(int index) const {
   // Decoding multiplies a few rows at a time, each count a new shape: copies
   // of every weight per shape would not pay for themselves.
   if (decoding_ || ptrs_.weights_version == nullptr) return 0;
-  return *ptrs_.weights_version;
+  return ptrs_.weights_version[static_cast<std::size_t>(layout_.params()[static_cast<std::size_t>(index)].block)];
 }
 
 template <class K>
@@ -258,14 +258,14 @@ void Graph<K>::residual_branch(const T* x, int weight, int bias, const float* ba
   const std::int64_t n = tokens(), d = config().d_model;
   if (dropout_active_) {  // the branch needs its own buffer to be dropped before the residual add
     float* branch = acts_.d_tmp.data();
-    k_.linear_forward(x, matrix(weight), param(bias, false), branch, n, in, d, false, weights_version());
+    k_.linear_forward(x, matrix(weight), param(bias, false), branch, n, in, d, false, weights_version(weight));
     k_.dropout(branch, n * d, config().dropout, key_for(site));
     k_.residual(base, branch, out, n * d);
     return;
   }
   // The residual is added by the GEMM's accumulation into the copy of base
   // that the LayerNorm before it wrote (residual_copy).
-  k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true, weights_version());
+  k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true, weights_version(weight));
 }
 
 template <class K>
@@ -280,7 +280,7 @@ void Graph<K>::layer_forward(int l, bool training) {
   k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d,
                        residual_copy(L.mid.data()));
   k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false,
-                    weights_version());
+                    weights_version(base + kQkvW));
   if constexpr (requires { &K::attention_cached; }) {
     if (decoding_) {
       const std::int64_t capacity = config().max_seq_len, layer = static_cast<std::int64_t>(l) * capacity * d;
@@ -296,7 +296,8 @@ void Graph<K>::layer_forward(int l, bool training) {
   residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
   k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
                        d, residual_copy(out));
-  k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false, weights_version());
+  k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false,
+                    weights_version(base + kFc1W));
   // h is overwritten by gelu'(h): backward needs only the derivative.
   k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ff);
   residual_branch(L.a.data(), base + kFc2W, base + kFc2B, L.mid.data(), out, ff, 2 * l + 1);
@@ -334,16 +335,16 @@ void Graph<K>::head_forward(float* host_logits) {
                        acts_.lnf_rstd.data(), n, d);
   k_.mean_pool_forward(acts_.lnf32.data(), acts_.pooled.data(), span_.batch, span_.seq, d);
   k_.linear_forward(static_cast<const float*>(acts_.pooled.data()), param(base + 2, false), param(base + 3, false),
-                    acts_.logits.data(), span_.batch, d, v, false, weights_version());
+                    acts_.logits.data(), span_.batch, d, v, false, weights_version(base + 2));
   finish(0, span_.batch);
 }
 
 template <class K>
 void Graph<K>::head_logits(std::int64_t first, std::int64_t count) {
   const std::int64_t d = config().d_model;
-  const T* head = config().tie_embeddings ? matrix(0) : matrix(layout_.blocks().back().first_param + 2);
-  k_.linear_forward(acts_.lnf.data() + first * d, head, static_cast<const float*>(nullptr), acts_.logits.data(),
-                    count, d, config().vocab_size, false, weights_version());
+  const int index = config().tie_embeddings ? 0 : layout_.blocks().back().first_param + 2;
+  k_.linear_forward(acts_.lnf.data() + first * d, matrix(index), static_cast<const float*>(nullptr),
+                    acts_.logits.data(), count, d, config().vocab_size, false, weights_version(index));
 }
 
 }  // namespace dtrain::nn

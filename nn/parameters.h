@@ -67,11 +67,14 @@ struct BlockPointers {
   // Mixed precision: compute[b] -> a 16-bit copy of block b's parameters (same
   // layout), refreshed by the owner after every update; empty in fp32.
   std::vector<const std::uint16_t*> compute;
-  // The version of the parameters' contents (and compute copies): the owner
-  // stores a new next_weights_version() after every change and before any
-  // product that reads the new values is submitted, so that matmuls may keep
-  // weights in another layout until it changes (cpu::gemm_weights). Null:
-  // no promise, the matmuls read the weights as stored every time.
+  // weights_version[b]: the version of block b's values (which params[b] and
+  // compute[b] hold whenever a product of block b reads them). The owner
+  // stores a new next_weights_version() for every block after every change,
+  // before any product that reads the new values is submitted, so that
+  // matmuls may keep weights in another layout until it changes
+  // (cpu::gemm_weights). No two blocks share a version: ZeRO-3 gathers block
+  // after block into the same slot, and the copies tell them apart by it.
+  // Null: no promise, the matmuls read the weights as stored every time.
   const std::uint64_t* weights_version = nullptr;
 };
 

@@ -96,6 +96,7 @@ Engine::Impl::Impl(const nn::ParameterLayout& layout, comm::Communicator& comm, 
     sharded += shard_size(n, world_);
   }
   allocate(plan_);
+  for (int b = 0; b < blocks_; ++b) weights_versions_.push_back(nn::next_weights_version());
   std::vector<std::int64_t> padded;
   for (const std::int64_t n : numel_) padded.push_back(padded_size(n, world_));
   buckets_ = plan_buckets(padded, options.first_bucket_mb,
@@ -142,7 +143,9 @@ float* Engine::Impl::local_gradients(int b) {
 }
 
 void Engine::Impl::refresh_compute() {
-  weights_version_ = nn::next_weights_version();
+  // One per block: stage 3's slots hold block after block at one address,
+  // and cpu::gemm_weights tells their copies apart by version alone.
+  for (std::uint64_t& v : weights_versions_) v = nn::next_weights_version();
   if (!half_compute()) return;
   if (options_.stage == 3) {
     for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) s->converted = -1;
@@ -175,8 +178,7 @@ nn::BlockPointers Engine::Impl::pointers() const {
     p.grads.push_back(options_.stage >= 2 ? self->gradient_buffer(b) : self->full_grads(b));
     if (half_compute()) p.compute.push_back(self->compute_buffer(b));
   }
-  // Stage 3 refills its gather slots block after block under one version.
-  if (options_.stage < 3) p.weights_version = &weights_version_;
+  p.weights_version = weights_versions_.data();
   return p;
 }
 

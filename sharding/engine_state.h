@@ -154,7 +154,8 @@ struct Engine::Impl {
   Array<double> sum_sq_;        // this rank's gradient sum of squares
   Array<double> all_sums_;      // every rank's (stages 1-3)
   nn::HostArray<double> host_sums_;
-  std::uint64_t weights_version_ = nn::next_weights_version();  // BlockPointers::weights_version
+  // BlockPointers::weights_version: a new one for every block at every update.
+  std::vector<std::uint64_t> weights_versions_;
   // Devices without host memory: the state a checkpoint saves or loads, on
   // the host (allocated by the first save or resume), and where each piece
   // lives on the device.

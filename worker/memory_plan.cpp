@@ -62,11 +62,17 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
       nn::planned_activation_bytes(model, layout, c.train().micro_batch_size(), seq_len, plan.on_device);
   plan.loader_bytes = loader_bytes(c, seq_len, c.data().prefetch()) + loader_bytes(c, seq_len, 0);
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
-  // On the host, below stage 3, every linear's forward and input-gradient
-  // products keep a copy of its weight in the compute precision (f16 runs
-  // widened, as stored).
-  if (!plan.on_device && eo.stage < 3 && eo.compute != DType::f16) {
-    plan.weight_copy_bytes = 2 * model.matmul_params() * static_cast<std::int64_t>(dtype_size(eo.compute));
+  // On the host, every linear's forward and input-gradient products keep a
+  // copy of its weight in the compute precision (f16 runs widened, as
+  // stored). Stage 3 multiplies by its two gather slots, which hold layer
+  // after layer at the same places: copies for two layers and the head.
+  if (!plan.on_device && eo.compute != DType::f16) {
+    std::int64_t copied = model.matmul_params();
+    if (eo.stage == 3 && model.n_layers > 2) {
+      const std::int64_t per_layer = (copied - model.outputs() * model.d_model) / model.n_layers;
+      copied -= (model.n_layers - 2) * per_layer;
+    }
+    plan.weight_copy_bytes = 2 * copied * static_cast<std::int64_t>(dtype_size(eo.compute));
   }
   return plan;
 }

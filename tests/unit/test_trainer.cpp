@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "core/process.h"
 #include "nn/cpu/host_device.h"
@@ -51,26 +52,57 @@ TEST(Trainer, ClassifierReaches99PercentOnTheSyntheticTask) {
   EXPECT_GE(*e.accuracy, 0.99) << "eval loss " << e.loss;
 }
 
-// The matmuls keep weights in oneDNN's layout under a version
-// (cpu::gemm_weights): every update must draw a new one, or the next forward
-// would multiply by the weights before the step. Stage 3 refills its slots
-// block after block, so it promises no version.
+// The matmuls keep weights in oneDNN's layout under a version per block
+// (cpu::gemm_weights): every update must draw a new one for every block, or
+// the next forward would multiply by the weights before the step; and no two
+// blocks may share one (stage 3 gathers block after block into the same
+// slot: the next test).
 TEST(Trainer, EveryOptimizerStepDrawsANewWeightsVersion) {
-  for (const char* precision : {"fp32", "bf16"}) {
-    Trainer trainer(tiny_classifier({std::string("precision=") + precision}),
-                    {.write_outputs = false, .console = nullptr, .comm = nullptr});
-    const std::uint64_t* version = trainer.engine().pointers().weights_version;
-    ASSERT_NE(version, nullptr) << precision;
-    for (int i = 0; i < 3; ++i) {
-      const std::uint64_t before = *version;
-      EXPECT_NE(before, 0u);
-      trainer.step();
-      EXPECT_NE(*version, before) << precision << " step " << i + 1;
+  for (const char* stage : {"0", "3"}) {
+    for (const char* precision : {"fp32", "bf16"}) {
+      Trainer trainer(tiny_classifier({std::string("precision=") + precision,
+                                       std::string("parallel.zero_stage=") + stage}),
+                      {.write_outputs = false, .console = nullptr, .comm = nullptr});
+      const nn::BlockPointers pointers = trainer.engine().pointers();
+      ASSERT_NE(pointers.weights_version, nullptr) << precision;
+      const std::set<std::uint64_t> distinct(pointers.weights_version,
+                                             pointers.weights_version + pointers.params.size());
+      EXPECT_EQ(distinct.size(), pointers.params.size()) << "blocks must not share a version";
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<std::uint64_t> before(pointers.weights_version,
+                                                pointers.weights_version + pointers.params.size());
+        trainer.step();
+        for (std::size_t b = 0; b < before.size(); ++b) {
+          EXPECT_NE(before[b], 0u);
+          EXPECT_NE(pointers.weights_version[b], before[b])
+              << "stage " << stage << ", " << precision << ", step " << i + 1 << ", block " << b;
+        }
+      }
     }
   }
-  Trainer stage3(tiny_classifier({"parallel.zero_stage=3"}),
-                 {.write_outputs = false, .console = nullptr, .comm = nullptr});
-  EXPECT_EQ(stage3.engine().pointers().weights_version, nullptr);
+}
+
+// Stage 3's two gather slots hold layer after layer at the same address, so
+// the weight-layout copies of layers 1 and 3 (and 2 and 4) are one cache
+// entry: their versions must differ, or layer 3 would multiply by layer 1's
+// weights. Four layers, one rank: stage 3 trains exactly what stage 0 does.
+TEST(Trainer, Stage3WithLayersSharingAGatherSlotTrainsWhatStage0Trains) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::vector<std::string> common = {"model.n_layers=4", std::string("precision=") + precision};
+    auto with_stage = [&](const char* stage) {
+      std::vector<std::string> o = common;
+      o.push_back(std::string("parallel.zero_stage=") + stage);
+      return tiny_classifier(o);
+    };
+    Trainer stage0(with_stage("0"), {.write_outputs = false, .console = nullptr, .comm = nullptr});
+    Trainer stage3(with_stage("3"), {.write_outputs = false, .console = nullptr, .comm = nullptr});
+    for (int i = 0; i < 4; ++i) {
+      const StepResult a = stage0.step();
+      const StepResult b = stage3.step();
+      EXPECT_EQ(a.loss, b.loss) << precision << " step " << i + 1;
+    }
+    EXPECT_EQ(stage0.engine().gather_parameters(), stage3.engine().gather_parameters()) << precision;
+  }
 }
 
 // k micro-batches of B equal one batch of k*B: same samples, same update.
