@@ -63,6 +63,7 @@ struct EngineOptions {
   int stage = 0;                  // parallel.zero_stage
   double bucket_mb = 25.0;        // parallel.bucket_mb
   double first_bucket_mb = 1.0;   // parallel.first_bucket_mb: the first bucket in backward order
+  double max_live_mb = 4000.0;    // parallel.zero3_max_live_mb: stage 3's gather slots, at least two
   bool tied_embeddings = false;   // the head reads block 0 (it must stay gathered in stage 3)
   std::uint64_t seed = 0;         // parameter initialisation
   DType compute = DType::f32;     // precision: f32, or bf16/f16 compute copies of the masters
@@ -81,6 +82,7 @@ struct MemoryStats {
   std::int64_t grad_bytes = 0;       // gradients kept across steps (full or shard)
   std::int64_t optimizer_bytes = 0;  // AdamW moments
   std::int64_t working_bytes = 0;    // transient block buffers (gathers, gradient slots)
+  int gather_slots = 0;              // stage 3: blocks kept gathered at once (parallel.zero3_max_live_mb)
   std::int64_t model_state_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
 };
 

@@ -142,7 +142,9 @@ void Engine::Impl::wait_all() noexcept {
   };
   for (Pending& p : pending_) quietly([&] { p.work.wait(); });
   for (comm::Work& w : unchecked_) quietly([&] { w.wait(); });
-  for (Slot* s : {&grad_slots_[0], &grad_slots_[1], &grad0_slot_, &gather_slot_[0], &gather_slot_[1], &gather0_slot_}) {
+  std::vector<Slot*> slots = gather_slots();
+  slots.insert(slots.end(), {&grad_slots_[0], &grad_slots_[1], &grad0_slot_});
+  for (Slot* s : slots) {
     if (s->work.valid()) quietly([&] { s->work.wait(); });
   }
   quietly([&] { dev_.synchronize(); });

@@ -33,9 +33,12 @@ MemoryStats BufferPlan::stats() const {
   m.param_bytes = static_cast<std::int64_t>(params * sizeof(float));
   m.grad_bytes = static_cast<std::int64_t>(grads * sizeof(float));
   m.optimizer_bytes = static_cast<std::int64_t>(2 * moments * sizeof(float));
-  const std::size_t f32 = 2 * (gather_slot + grad_slot) + gather_block0 + grad_block0;
-  const std::size_t half = compute + 2 * (compute_slot + staging_slot) + compute_block0 + staging + staging_block0;
+  const auto slots = static_cast<std::size_t>(gather_slots);
+  const std::size_t f32 = slots * gather_slot + 2 * grad_slot + gather_block0 + grad_block0;
+  const std::size_t half =
+      compute + slots * compute_slot + 2 * staging_slot + compute_block0 + staging + staging_block0;
   m.working_bytes = static_cast<std::int64_t>(f32 * sizeof(float) + half * sizeof(std::uint16_t));
+  m.gather_slots = gather_slots;
   return m;
 }
 
@@ -60,6 +63,10 @@ BufferPlan plan_buffers(const nn::ParameterLayout& layout, int world, const Engi
   if (stage == 3) {
     p.gather_slot = max_padded;
     p.gather_block0 = block0;
+    // As many blocks as max_live_mb holds, never fewer than two (one computed
+    // while the next arrives), never more than there are blocks.
+    const double fit = o.max_live_mb * 1024.0 * 1024.0 / static_cast<double>(max_padded * sizeof(float));
+    p.gather_slots = static_cast<int>(std::clamp(fit, 2.0, static_cast<double>(std::max(2, layout.num_blocks()))));
   }
   if (half_compute) {
     p.compute = stage < 3 ? full : 0;
@@ -112,9 +119,12 @@ void Engine::Impl::allocate(const BufferPlan& p) {
   exp_avg_sq_ = F32(dev_, p.moments);
   for (int i = 0; i < 2; ++i) {
     grad_slot_[i] = F32(dev_, p.grad_slot);
-    gather_[i] = F32(dev_, p.gather_slot);
-    compute_slot_[i] = Half(dev_, p.compute_slot);
     staging_slot_[i] = Half(dev_, p.staging_slot);
+  }
+  gather_slot_.resize(as_size(p.gather_slots));
+  for (int i = 0; i < p.gather_slots; ++i) {
+    gather_.push_back(F32(dev_, p.gather_slot));
+    compute_slot_.push_back(Half(dev_, p.compute_slot));
   }
   grad_block0_ = F32(dev_, p.grad_block0);
   gather_block0_ = F32(dev_, p.gather_block0);
@@ -130,7 +140,7 @@ void Engine::Impl::allocate(const BufferPlan& p) {
 std::uint16_t* Engine::Impl::compute_buffer(int b) {
   if (options_.stage < 3) return compute_.data() + full_offset_[as_size(b)];
   if (tied_ && b == 0) return compute_block0_.data();
-  return compute_slot_[b % 2].data();
+  return compute_slot_[as_size(b % plan_.gather_slots)].data();
 }
 
 std::uint16_t* Engine::Impl::staging_buffer(int b) {
@@ -148,7 +158,7 @@ void Engine::Impl::refresh_compute() {
   for (std::uint64_t& v : weights_versions_) v = nn::next_weights_version();
   if (!half_compute()) return;
   if (options_.stage == 3) {
-    for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) s->converted = -1;
+    for (Slot* s : gather_slots()) s->converted = -1;
     return;
   }
   for (int b = 0; b < blocks_; ++b) dev_.to_half(full_params(b), compute_buffer(b), options_.compute, numel_[as_size(b)]);
@@ -158,7 +168,7 @@ MemoryStats Engine::Impl::memory() const { return plan_.stats(); }
 
 float* Engine::Impl::gather_buffer(int b) {
   if (tied_ && b == 0) return gather_block0_.data();
-  return gather_[b % 2].data();
+  return gather_[as_size(b % plan_.gather_slots)].data();
 }
 
 float* Engine::Impl::gradient_buffer(int b) {
@@ -168,7 +178,15 @@ float* Engine::Impl::gradient_buffer(int b) {
 
 Engine::Impl::Slot& Engine::Impl::gradient_slot(int b) { return tied_ && b == 0 ? grad0_slot_ : grad_slots_[b % 2]; }
 
-Engine::Impl::Slot& Engine::Impl::gather_slot(int b) { return tied_ && b == 0 ? gather0_slot_ : gather_slot_[b % 2]; }
+Engine::Impl::Slot& Engine::Impl::gather_slot(int b) {
+  return tied_ && b == 0 ? gather0_slot_ : gather_slot_[as_size(b % plan_.gather_slots)];
+}
+
+std::vector<Engine::Impl::Slot*> Engine::Impl::gather_slots() {
+  std::vector<Slot*> all{&gather0_slot_};
+  for (Slot& s : gather_slot_) all.push_back(&s);
+  return all;
+}
 
 nn::BlockPointers Engine::Impl::pointers() const {
   auto* self = const_cast<Impl*>(this);
@@ -349,7 +367,7 @@ void Engine::Impl::upload_loaded_state() {
 }
 
 void Engine::Impl::invalidate_gathers() {
-  for (Slot* s : {&gather_slot_[0], &gather_slot_[1], &gather0_slot_}) {
+  for (Slot* s : gather_slots()) {
     if (s->work.valid()) s->work.wait();
     s->block = -1;
     s->converted = -1;

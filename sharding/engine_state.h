@@ -41,7 +41,8 @@ namespace dtrain::sharding {
 // dry run reports without allocating.
 struct BufferPlan {
   std::size_t params = 0, grads = 0, moments = 0;  // moments: each of exp_avg, exp_avg_sq
-  std::size_t gather_slot = 0, gather_block0 = 0, grad_slot = 0, grad_block0 = 0;  // f32; slots come in twos
+  std::size_t gather_slot = 0, gather_block0 = 0, grad_slot = 0, grad_block0 = 0;  // f32
+  int gather_slots = 0;  // stage 3: how many gather (and compute) slots; the other slots come in twos
   std::size_t compute = 0, compute_slot = 0, compute_block0 = 0;                   // 16-bit
   std::size_t staging = 0, staging_slot = 0, staging_block0 = 0;                   // 16-bit
   MemoryStats stats() const;
@@ -111,6 +112,7 @@ struct Engine::Impl {
   void allocate(const BufferPlan& plan);
   Slot& gradient_slot(int b);
   Slot& gather_slot(int b);
+  std::vector<Slot*> gather_slots();  // every one, block 0's included
   void launch_gather(int b);
   void drain(Slot& slot);
   // The fence a collective waits for: the end of the device's queue.
@@ -143,12 +145,15 @@ struct Engine::Impl {
   Array<float> params_;      // stage 0-2: all blocks padded; stage 3: the slices (masters)
   Array<float> grads_;       // stage 0-1: all blocks padded; stage 2-3: the slices
   Array<float> exp_avg_, exp_avg_sq_;       // stage 0: all blocks; 1-3: the slices
-  Array<float> gather_[2], gather_block0_;  // stage 3
+  std::vector<Array<float>> gather_;  // stage 3: plan_.gather_slots of them, block b in b % that
+  Array<float> gather_block0_;        // stage 3, tied embeddings
   Array<float> grad_slot_[2], grad_block0_;  // stages 2-3
-  Slot gather_slot_[2], gather0_slot_;
+  std::vector<Slot> gather_slot_;
+  Slot gather0_slot_;
   Slot grad_slots_[2], grad0_slot_;
   Array<std::uint16_t> compute_;                             // stages 0-2, mixed precision
-  Array<std::uint16_t> compute_slot_[2], compute_block0_;    // stage 3, mixed precision
+  std::vector<Array<std::uint16_t>> compute_slot_;           // stage 3, mixed precision: beside gather_
+  Array<std::uint16_t> compute_block0_;                      // stage 3, mixed precision, tied embeddings
   Array<std::uint16_t> staging_;                             // stages 0-1, 16-bit reduction
   Array<std::uint16_t> staging_slot_[2], staging_block0_;    // stages 2-3, 16-bit reduction
   Array<double> sum_sq_;        // this rank's gradient sum of squares

@@ -168,6 +168,7 @@ void validate_system(const config::Config& c) {
   at_most(p.zero_stage(), 3, "parallel.zero_stage");
   positive(p.bucket_mb(), "parallel.bucket_mb");
   positive(p.first_bucket_mb(), "parallel.first_bucket_mb");
+  non_negative(p.zero3_max_live_mb(), "parallel.zero3_max_live_mb");
   at_least(p.timeout_s(), 1, "parallel.timeout_s");
   one_of(p.reduce_dtype(), {"fp32", "bf16", "fp16"}, "parallel.reduce_dtype");
 
@@ -220,6 +221,7 @@ void apply_defaults(config::Config& c, std::string_view run_name) {
   if (p.backend().empty()) p.set_backend("auto");
   if (!p.has_bucket_mb()) p.set_bucket_mb(25.0f);
   if (!p.has_first_bucket_mb()) p.set_first_bucket_mb(1.0f);
+  if (!p.has_zero3_max_live_mb()) p.set_zero3_max_live_mb(4000.0f);
   if (!p.has_timeout_s()) p.set_timeout_s(300);
   if (p.reduce_dtype().empty()) p.set_reduce_dtype("fp32");
 

@@ -52,6 +52,7 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   const nn::ParameterLayout layout = nn::declare_parameters(model);
   sharding::EngineOptions eo;
   eo.stage = c.parallel().zero_stage();
+  eo.max_live_mb = c.parallel().zero3_max_live_mb();
   eo.tied_embeddings = model.tie_embeddings;
   eo.compute = compute_dtype(c);
   eo.reduce = reduce_dtype(c);
@@ -64,13 +65,15 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
   // On the host, every linear's forward and input-gradient products keep a
   // copy of its weight in the compute precision (f16 runs widened, as
-  // stored). Stage 3 multiplies by its two gather slots, which hold layer
-  // after layer at the same places: copies for two layers and the head.
+  // stored). Stage 3 multiplies by its gather slots, which hold layer after
+  // layer at the same places: copies for as many layers as there are slots,
+  // and the head.
   if (!plan.on_device && eo.compute != DType::f16) {
     std::int64_t copied = model.matmul_params();
-    if (eo.stage == 3 && model.n_layers > 2) {
+    const std::int64_t slots = plan.state.gather_slots;
+    if (eo.stage == 3 && model.n_layers > slots) {
       const std::int64_t per_layer = (copied - model.outputs() * model.d_model) / model.n_layers;
-      copied -= (model.n_layers - 2) * per_layer;
+      copied -= (model.n_layers - slots) * per_layer;
     }
     plan.weight_copy_bytes = 2 * copied * static_cast<std::int64_t>(dtype_size(eo.compute));
   }

@@ -168,6 +168,7 @@ void Trainer::build_engine_and_model(std::int64_t seq) {
   eo.stage = config_.parallel().zero_stage();
   eo.bucket_mb = config_.parallel().bucket_mb();
   eo.first_bucket_mb = config_.parallel().first_bucket_mb();
+  eo.max_live_mb = config_.parallel().zero3_max_live_mb();
   eo.tied_embeddings = model_config_.tie_embeddings;
   eo.seed = t.seed();
   eo.compute = compute_dtype(config_);

@@ -36,6 +36,7 @@ constexpr int kMicroBatch = 2;  // per rank
 // What varies between runs besides world, stage and accumulation.
 struct Variant {
   double bucket_mb = 25.0;
+  double live_mb = 4000.0;  // parallel.zero3_max_live_mb
   double dropout = 0.0;
   bool tie = false;
   std::string precision = "fp32";
@@ -53,11 +54,25 @@ inline config::Config tiny_lm(int micro_batch, int stage, int accum, const Varia
     "optimizer": {{"lr": 3e-3, "weight_decay": 0.1, "grad_clip": 1.0}},
     "schedule": {{"warmup_steps": 3}},
     "train": {{"steps": {}, "micro_batch_size": {}, "grad_accum_steps": {}, "seed": 7}},
-    "parallel": {{"zero_stage": {}, "bucket_mb": {}, "timeout_s": 30}}
-  }})", v.dropout, v.steps, micro_batch, accum, stage, v.bucket_mb), {});
+    "parallel": {{"zero_stage": {}, "bucket_mb": {}, "zero3_max_live_mb": {}, "timeout_s": 30}}
+  }})", v.dropout, v.steps, micro_batch, accum, stage, v.bucket_mb, v.live_mb), {});
   config.mutable_model()->set_tie_embeddings(v.tie);
   config.set_precision(v.precision);
   return config;
+}
+
+// Every stage, and stage 3 twice: with every block kept gathered (the
+// default) and with two gather slots that take block after block
+// (parallel.zero3_max_live_mb = 0: backward gathers again, and a slot is
+// refilled while kernels may still read it).
+struct StageRun {
+  int stage;
+  double live_mb;
+  std::string name;
+};
+inline std::vector<StageRun> stage_runs() {
+  return {{0, 4000.0, "stage 0"}, {1, 4000.0, "stage 1"}, {2, 4000.0, "stage 2"},
+          {3, 4000.0, "stage 3"}, {3, 0.0, "stage 3 with two gather slots"}};
 }
 
 struct RunResult {

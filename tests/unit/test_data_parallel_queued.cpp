@@ -51,10 +51,12 @@ TEST_P(QueuedDataParallel, TrainsBitwiseAsThePlainDeviceAndAsOneRank) {
   on_queue.device = queued(std::chrono::microseconds(20));
   std::optional<RunResult> ref;
   if (c.precision == "fp32") ref = reference(c.world, c.accum, plain);
-  for (int stage = 0; stage <= 3; ++stage) {
-    const std::string what = fmt::format("world {} stage {} accum {} {}", c.world, stage, c.accum, c.precision);
-    const RunResult q = train(c.world, stage, c.accum, on_queue);
-    expect_identical(q, train(c.world, stage, c.accum, plain), what + ": queued vs plain");
+  for (const StageRun& s : stage_runs()) {
+    const std::string what = fmt::format("world {} {} accum {} {}", c.world, s.name, c.accum, c.precision);
+    Variant plain_run = plain, queued_run = on_queue;
+    plain_run.live_mb = queued_run.live_mb = s.live_mb;
+    const RunResult q = train(c.world, s.stage, c.accum, queued_run);
+    expect_identical(q, train(c.world, s.stage, c.accum, plain_run), what + ": queued vs plain");
     if (ref) expect_same_training(q, *ref, what + ": queued vs one rank");
   }
 }

@@ -82,26 +82,31 @@ TEST(Trainer, EveryOptimizerStepDrawsANewWeightsVersion) {
   }
 }
 
-// Stage 3's two gather slots hold layer after layer at the same address, so
-// the weight-layout copies of layers 1 and 3 (and 2 and 4) are one cache
-// entry: their versions must differ, or layer 3 would multiply by layer 1's
-// weights. Four layers, one rank: stage 3 trains exactly what stage 0 does.
+// Stage 3's gather slots hold layer after layer at the same address when
+// they are fewer than the blocks, so the weight-layout copies of layers 1 and
+// 3 are one cache entry: their versions must differ, or layer 3 would
+// multiply by layer 1's weights; and backward must gather again exactly the
+// blocks no longer kept. Four layers (six blocks of at most 0.033 MB), one
+// rank, with 2, 3 and 6 slots: stage 3 trains exactly what stage 0 does.
 TEST(Trainer, Stage3WithLayersSharingAGatherSlotTrainsWhatStage0Trains) {
   for (const char* precision : {"fp32", "bf16"}) {
-    const std::vector<std::string> common = {"model.n_layers=4", std::string("precision=") + precision};
-    auto with_stage = [&](const char* stage) {
-      std::vector<std::string> o = common;
-      o.push_back(std::string("parallel.zero_stage=") + stage);
-      return tiny_classifier(o);
-    };
-    Trainer stage0(with_stage("0"), {.write_outputs = false, .console = nullptr, .comm = nullptr});
-    Trainer stage3(with_stage("3"), {.write_outputs = false, .console = nullptr, .comm = nullptr});
-    for (int i = 0; i < 4; ++i) {
-      const StepResult a = stage0.step();
-      const StepResult b = stage3.step();
-      EXPECT_EQ(a.loss, b.loss) << precision << " step " << i + 1;
+    for (const auto& [live_mb, slots] : {std::pair{"0", 2}, std::pair{"0.1", 3}, std::pair{"4000", 6}}) {
+      const std::string where = std::string(precision) + ", zero3_max_live_mb " + live_mb;
+      auto with_stage = [&](const char* stage) {
+        return tiny_classifier({"model.n_layers=4", std::string("precision=") + precision,
+                                std::string("parallel.zero3_max_live_mb=") + live_mb,
+                                std::string("parallel.zero_stage=") + stage});
+      };
+      Trainer stage0(with_stage("0"), {.write_outputs = false, .console = nullptr, .comm = nullptr});
+      Trainer stage3(with_stage("3"), {.write_outputs = false, .console = nullptr, .comm = nullptr});
+      EXPECT_EQ(stage3.engine().memory().gather_slots, slots) << where;
+      for (int i = 0; i < 4; ++i) {
+        const StepResult a = stage0.step();
+        const StepResult b = stage3.step();
+        EXPECT_EQ(a.loss, b.loss) << where << ", step " << i + 1;
+      }
+      EXPECT_EQ(stage0.engine().gather_parameters(), stage3.engine().gather_parameters()) << where;
     }
-    EXPECT_EQ(stage0.engine().gather_parameters(), stage3.engine().gather_parameters()) << precision;
   }
 }
 
