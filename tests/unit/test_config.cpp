@@ -93,6 +93,7 @@ TEST(Config, MinimalLmResolvesWithDocumentedDefaults) {
   EXPECT_EQ(c.parallel().backend(), "auto");
   EXPECT_EQ(c.parallel().bucket_mb(), 25.0f);
   EXPECT_EQ(c.parallel().first_bucket_mb(), 1.0f);
+  EXPECT_EQ(c.parallel().zero3_max_live_mb(), 4000.0f);
   EXPECT_EQ(c.parallel().timeout_s(), 300);
   EXPECT_EQ(c.checkpoint().keep_last(), 3);
   EXPECT_EQ(c.checkpoint().resume(), "auto");
@@ -299,6 +300,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rule{{"parallel.zero_stage=4"}, "parallel.zero_stage"},
         Rule{{"parallel.bucket_mb=0"}, "parallel.bucket_mb"},
         Rule{{"parallel.first_bucket_mb=-1"}, "parallel.first_bucket_mb"},
+        Rule{{"parallel.zero3_max_live_mb=-1"}, "parallel.zero3_max_live_mb"},
         Rule{{"parallel.timeout_s=0"}, "parallel.timeout_s"},
         Rule{{"checkpoint.every_steps=-1"}, "checkpoint.every_steps"},
         Rule{{"checkpoint.keep_last=0"}, "checkpoint.keep_last"},
