@@ -9,6 +9,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$repo/bench/lib.sh"   # median
 [[ $# -eq 2 ]] || { echo "usage: $0 OLD_DTRAIN_BENCH NEW_DTRAIN_BENCH" >&2; exit 2; }
 old=$1 new=$2
 repeats=${REPEATS:-3}
@@ -22,8 +23,6 @@ run() {
   "$1" train --config "$repo/examples/configs/$2.json" --steps "$steps" --set "precision=$3" |
     awk '$1 == "tokens_per_s:" { print $2 }'
 }
-
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 summary=()
 for config in "${configs[@]}"; do

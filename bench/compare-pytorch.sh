@@ -16,9 +16,18 @@
 # `dtrain-bench train --config ... --set precision=P` for every P in
 # PRECISIONS (default "fp32 bf16": mixed precision against the same fp32
 # PyTorch baselines) when that binary is built.
+# REPEATS=N (default 1) takes every figure N times, interleaved in rounds (per
+# config: each peer, then dtrain at each precision; again N times), so the
+# machine's drift reaches both sides alike. Round 1 is the one above; rounds
+# 2..N rerun each peer at the variant its round 1 chose (no second sweep). The
+# tables then give medians over the rounds: each side's tokens/s and MFU, and
+# the ratios as median over median; every round's tokens/s is printed as it
+# finishes and again above the tables. A peer that fails in any round is not
+# rerun, and its row says why it first failed.
 #
 #   bench/compare-pytorch.sh                 # both configs, 10 timed steps
 #   STEPS=20 VARIANT=openblas PEERS=debian BUILD_DIR=build bench/compare-pytorch.sh lm-small
+#   REPEATS=5 PRECISIONS=fp32 PEERS=debian bench/compare-pytorch.sh lm-small
 #   PRECISIONS=bf16 PEERS="pypi pypi-compile" bench/compare-pytorch.sh cls-seed
 #
 # Prints each run's figures, then a row per config and peer (its tokens/s,
@@ -36,7 +45,10 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$repo/bench/lib.sh"   # median, median_outputs
 steps=${STEPS:-10}
+repeats=${REPEATS:-1}
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "compare-pytorch: REPEATS must be 1 or more" >&2; exit 2; }
 variant=${VARIANT:-auto}
 precisions=${PRECISIONS:-fp32 bf16}
 peers=${PEERS:-debian pypi pypi-compile}
@@ -70,12 +82,13 @@ if [[ " $peers " == *" pypi"* ]]; then
   pypi_python=$("$repo/scripts/setup-torch.sh") || pypi_error="scripts/setup-torch.sh failed"
 fi
 
-# peer_run PEER CONFIG: that peer's bench/pytorch_train.py output (its stderr
-# passes through); on failure (or timeout) a `failed: why` line ends it.
+# peer_run PEER CONFIG [VARIANT]: that peer's bench/pytorch_train.py output
+# (its stderr passes through) at VARIANT (default: auto, or VARIANT= for the
+# debian peer); on failure (or timeout) a `failed: why` line ends it.
 peer_run() {
-  local peer=$1 config=$2 py args=(--config "$2" --steps "$steps" --variant auto) err rc=0
+  local peer=$1 config=$2 py args=(--config "$2" --steps "$steps" --variant "${3:-auto}") err rc=0
   case $peer in
-    debian) py=/usr/bin/python3; args=(--config "$config" --steps "$steps" --variant "$variant"
+    debian) py=/usr/bin/python3; args=(--config "$config" --steps "$steps" --variant "${3:-$variant}"
                                        --allow-coretype) ;;
     pypi) py=$pypi_python ;;
     pypi-compile) py=$pypi_python; args+=(--mode compile) ;;
@@ -92,29 +105,66 @@ peer_run() {
   rm -f "$err"
 }
 
-rows=() summary=()
+read -r -a peer_list <<<"$peers"
+rows=() summary=() round_lines=()
 for config in "${configs[@]}"; do
-  names=() tps=() outs=()
-  for peer in $peers; do
-    echo "=== PyTorch ($peer): $config"
-    out=$(peer_run "$peer" "$config")
-    echo "$out"
-    names+=("$(peer_name "$peer" "$out")") tps+=("$(field tokens_per_s "$out")") outs+=("$out")
+  # runs[PEER_INDEX:ROUND], dtrain_runs[PRECISION:ROUND]: each run's output;
+  # failed[PEER_INDEX]: a peer's first failed output (it is not rerun).
+  declare -A runs=() dtrain_runs=() failed=()
+  for ((round = 1; round <= repeats; round++)); do
+    tag="" line="round $round/$repeats $config tokens/s:"
+    [[ $repeats -gt 1 ]] && tag=", round $round/$repeats"
+    for i in "${!peer_list[@]}"; do
+      peer=${peer_list[$i]}
+      [[ -z ${failed[$i]:-} ]] || continue
+      chosen=""   # rounds 2..N: the variant round 1 chose
+      [[ $round -gt 1 ]] && chosen=$(field variant "${runs[$i:1]}")
+      echo "=== PyTorch ($peer$tag): $config"
+      out=$(peer_run "$peer" "$config" "$chosen")
+      echo "$out"
+      runs[$i:$round]=$out
+      tps=$(field tokens_per_s "$out")
+      [[ -n $tps ]] || failed[$i]=$out
+      line+=" $peer ${tps:-failed}"
+    done
+
+    # ---- dtrain side: one run per precision -------------------------------
+    for precision in $precisions; do
+      if [[ -x $build/bin/dtrain-bench ]]; then
+        echo "=== dtrain ($precision$tag): $config"
+        dtrain_out=$("$build/bin/dtrain-bench" train --config "$repo/examples/configs/$config.json" \
+                       --set "precision=$precision")
+        echo "$dtrain_out"
+        dtrain_runs[$precision:$round]=$dtrain_out
+        line+=" dtrain-$precision $(field tokens_per_s "$dtrain_out")"
+      elif [[ $round -eq 1 ]]; then
+        echo "=== dtrain: $build/bin/dtrain-bench not built; PyTorch figures only"
+      fi
+    done
+    if [[ $repeats -gt 1 ]]; then echo "# $line"; round_lines+=("$line"); fi
   done
 
-  # ---- dtrain side: one run per precision ---------------------------------
+  # ---- medians over the rounds -------------------------------------------
+  names=() tps=() outs=()
+  for i in "${!peer_list[@]}"; do
+    if [[ -n ${failed[$i]:-} ]]; then
+      out=${failed[$i]}
+    else
+      round_outs=()
+      for ((round = 1; round <= repeats; round++)); do round_outs+=("${runs[$i:$round]}"); done
+      out=$(median_outputs "${round_outs[@]}")
+    fi
+    names+=("$(peer_name "${peer_list[$i]}" "${runs[$i:1]}")") tps+=("$(field tokens_per_s "$out")")
+    outs+=("$out")
+  done
   declare -A dtrain_tps=() dtrain_mfu=()
   for precision in $precisions; do
-    if [[ -x $build/bin/dtrain-bench ]]; then
-      echo "=== dtrain ($precision): $config"
-      dtrain_out=$("$build/bin/dtrain-bench" train --config "$repo/examples/configs/$config.json" \
-                     --set "precision=$precision")
-      echo "$dtrain_out"
-      dtrain_tps[$precision]=$(field tokens_per_s "$dtrain_out")
-      dtrain_mfu[$precision]=$(field mfu "$dtrain_out")
-    else
-      echo "=== dtrain: $build/bin/dtrain-bench not built; PyTorch figures only"
-    fi
+    [[ -n ${dtrain_runs[$precision:1]:-} ]] || continue
+    round_outs=()
+    for ((round = 1; round <= repeats; round++)); do round_outs+=("${dtrain_runs[$precision:$round]}"); done
+    dtrain_out=$(median_outputs "${round_outs[@]}")
+    dtrain_tps[$precision]=$(field tokens_per_s "$dtrain_out")
+    dtrain_mfu[$precision]=$(field mfu "$dtrain_out")
   done
 
   best=-1
@@ -140,10 +190,15 @@ for config in "${configs[@]}"; do
       "${dtrain_tps[$precision]:-n/a}" "${dtrain_mfu[$precision]:-n/a}" "$fastest" \
       "${fastest_tps:-n/a}" "$(ratio "${dtrain_tps[$precision]:-}" "$fastest_tps")")")
   done
-  unset dtrain_tps dtrain_mfu
+  unset dtrain_tps dtrain_mfu runs dtrain_runs failed
 done
 
 echo
+if [[ $repeats -gt 1 ]]; then
+  printf '%s\n' "${round_lines[@]}"
+  echo "# the tables: medians over these $repeats rounds (tokens/s, MFU; ratios of the medians)"
+  echo
+fi
 header=$(printf '%-10s %-20s %-30s %14s %9s' config peer torch_variant torch_tokens/s torch_mfu)
 for precision in $precisions; do header+=$(printf ' %9s' "$precision/pt"); done
 echo "$header   (dtrain tokens/s over the peer's, per dtrain precision)"
@@ -152,5 +207,5 @@ echo
 printf '%-10s %-9s %16s %10s %-20s %14s %13s\n' config precision dtrain_tokens/s dtrain_mfu \
   fastest_peer peer_tokens/s dtrain/fastest
 printf '%s\n' "${summary[@]}"
-echo "# command: STEPS=$steps VARIANT=$variant PRECISIONS=\"$precisions\" PEERS=\"$peers\"" \
+echo "# command: REPEATS=$repeats STEPS=$steps VARIANT=$variant PRECISIONS=\"$precisions\" PEERS=\"$peers\"" \
   "bench/compare-pytorch.sh ${configs[*]}"

@@ -8,3 +8,30 @@ bench_failed() {
   tail -n 25 <<<"$2" | sed 's/^/  /' >&2
   exit 1
 }
+
+# median: the median of the numbers on stdin, one a line (the mean of the two
+# middle ones for an even count); prints nothing for no input.
+median() {
+  sort -g | awk -v OFMT=%.10g '{ v[NR] = $1 }
+    END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# median_outputs OUTPUT...: the first OUTPUT (a run's `name: value` lines and
+# whatever else it printed) with each `name: NUMBER` line's value replaced by
+# the median of that name's values over all OUTPUTs; a name some OUTPUT lacks
+# keeps the first OUTPUT's value, and every other line stays as it is. One
+# OUTPUT comes back unchanged.
+median_outputs() {
+  local line key out value values
+  while IFS= read -r line; do
+    if [[ $# -gt 1 && $line =~ ^([A-Za-z0-9_]+):\ +-?[0-9.]+([eE][-+]?[0-9]+)?$ ]]; then
+      key=${BASH_REMATCH[1]} values=()
+      for out in "$@"; do
+        value=$(awk -v k="$key:" '$1 == k { print $2; exit }' <<<"$out")
+        [[ -n $value ]] && values+=("$value")
+      done
+      [[ ${#values[@]} -eq $# ]] && line="$key: $(printf '%s\n' "${values[@]}" | median)"
+    fi
+    printf '%s\n' "$line"
+  done <<<"$1"
+}
