@@ -23,17 +23,31 @@
 # table), its scaling efficiency (2-rank
 # tokens/s / (2 x the same side's 1-process tokens/s)) and the share of
 # gradient communication dtrain hid behind backward; `name: value` lines follow.
+# REPEATS=N (default 1) takes every figure N times, interleaved in rounds (per
+# config: each peer's two runs, then dtrain-1 and every BACKEND-stageN; again
+# N times), so the machine's drift reaches every side alike. The sweeps run in
+# round 1 only: rounds 2..N rerun each peer's single process at the variant
+# its round 1 chose, and its DDP run at the setting its round 1 chose
+# (variant, bucket_cap_mb, gradient_as_bucket_view, all in that run's output),
+# so every row is repeated. The table and the `name: value` lines then give
+# medians over the rounds (tokens/s, comm_ms, hidden share, ...), and ratios
+# and scaling efficiencies of those medians; each round's tokens/s is printed
+# as it finishes and again above the table. A peer run that fails in any round
+# is not repeated, and its row says why it first failed.
 #
 #   bench/compare-ddp.sh                       # both configs, ~30-40 minutes
 #   STEPS=10 STAGES="0 3" BACKENDS=gloo PEERS=debian bench/compare-ddp.sh lm-small
+#   REPEATS=3 STAGES=0 BACKENDS=gloo PEERS=debian bench/compare-ddp.sh lm-small
 #
 # The first line printed is the command that reproduces the output; every
 # run's full output is kept in LOG_DIR (a fresh temporary folder by default).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-source "$repo/bench/lib.sh"
+source "$repo/bench/lib.sh"   # bench_failed, median_outputs
 build=${BUILD_DIR:-$repo/build}
+repeats=${REPEATS:-1}
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "compare-ddp: REPEATS must be 1 or more" >&2; exit 2; }
 steps=${STEPS:-5}
 warmup=${WARMUP:-2}
 sweep_steps=${SWEEP_STEPS:-1}
@@ -46,7 +60,7 @@ configs=("$@")
 [[ ${#configs[@]} -gt 0 ]] || configs=(lm-small cls-seed)
 log_dir=${LOG_DIR:-$(mktemp -d -t compare-ddp.XXXXXX)}
 mkdir -p "$log_dir"
-echo "# command: STEPS=$steps WARMUP=$warmup SWEEP_STEPS=$sweep_steps STAGES=\"$stages\"" \
+echo "# command: REPEATS=$repeats STEPS=$steps WARMUP=$warmup SWEEP_STEPS=$sweep_steps STAGES=\"$stages\"" \
   "BACKENDS=\"$backends\" BIND=$bind DTRAIN_SET=\"${DTRAIN_SET:-}\" PEERS=\"$peers\"" \
   "BUILD_DIR=$build" \
   "bench/compare-ddp.sh ${configs[*]}"
@@ -80,10 +94,11 @@ ratio() {
   else echo n/a; fi
 }
 # The sweep table of bench/pytorch_train.py, fastest step first: the two
-# fastest variants, comma-separated.
+# fastest variants, comma-separated (rows with a best_ms only: not the header,
+# a failed row, or a `failed:` line after a cut-off sweep).
 top_two_variants() {
   awk '/^# sweep:/ { on = 1; next } /^# fastest/ { on = 0 }
-       on && $1 != "variant" && $2 != "failed" { print $3, $1 }' <<<"$1" |
+       on && $1 != "variant" && $2 != "failed" && $3 ~ /^[0-9.]+$/ { print $3, $1 }' <<<"$1" |
     sort -g | head -2 | awk '{ printf "%s%s", sep, $2; sep = "," }'
 }
 # peer_run NAME CMD...: runs CMD for at most PEER_TIMEOUT_S, keeps its output in
@@ -139,42 +154,104 @@ peer_name() {
   echo "torch-${version%%+*}$([[ $(field mode "$2") == compile ]] && echo -compile)"
 }
 
+# merged NAME: the median output (median_outputs) of run NAME's rounds in `runs`.
+merged() {
+  local outs=() r
+  for ((r = 1; r <= repeats; r++)); do outs+=("${runs[$1:$r]}"); done
+  median_outputs "${outs[@]}"
+}
+
+read -r -a peer_list <<<"$peers"
+round_lines=()
 for config in "${configs[@]}"; do
   cfg=$repo/examples/configs/$config.json
   echo "=== $config" >&2
-  # ---- the PyTorch peers: one process, then DDP ----------------------------
-  names=() singles=() ddps=() best=-1 eager_setting=()
-  for peer in $peers; do
-    args=(--config "$config" --steps "$steps" --warmup "$warmup" --sweep-steps "$sweep_steps")
-    case $peer in
-      debian) ppy=$py; t1_args=(--allow-coretype) ;;
-      pypi) ppy=$pypi_python; t1_args=() ;;
-      pypi-compile) ppy=$pypi_python; t1_args=(--mode compile) ;;
-      *) echo "compare-ddp: unknown peer '$peer' (debian, pypi, pypi-compile)" >&2; exit 1 ;;
-    esac
-    if [[ -z $ppy ]]; then
-      t1="failed: $pypi_error" tddp="failed: $pypi_error"
-    else
-      t1=$(peer_run "$config-$peer-1" "$ppy" "$repo/bench/pytorch_train.py" "${args[@]}" "${t1_args[@]}")
-      variants=$(top_two_variants "$t1")
-      variants=${variants:-$(field variant "$t1")}
-      ddp_args=()
-      if [[ $peer == pypi-compile ]]; then  # every setting compiles anew: one setting
-        ddp_args=(--buckets "${eager_setting[0]:-25}" --bucket-views "${eager_setting[1]:-0}")
+  # runs[NAME:ROUND]: every run's output (NAME: PEER_INDEX-1, PEER_INDEX-ddp,
+  # dtrain-1, BACKEND-stageN); failed[NAME]: a peer run's first failed output
+  # (that run is not repeated).
+  declare -A runs=() failed=()
+  eager_setting=()
+  for ((round = 1; round <= repeats; round++)); do
+    sfx="" line="round $round/$repeats $config tokens/s:"
+    [[ $round -gt 1 ]] && sfx=-r$round
+    # ---- the PyTorch peers: one process, then DDP --------------------------
+    for i in "${!peer_list[@]}"; do
+      peer=${peer_list[$i]}
+      args=(--config "$config" --steps "$steps" --warmup "$warmup" --sweep-steps "$sweep_steps")
+      case $peer in
+        debian) ppy=$py; t1_args=(--allow-coretype) ;;
+        pypi) ppy=$pypi_python; t1_args=() ;;
+        pypi-compile) ppy=$pypi_python; t1_args=(--mode compile) ;;
+        *) echo "compare-ddp: unknown peer '$peer' (debian, pypi, pypi-compile)" >&2; exit 1 ;;
+      esac
+      if [[ -z $ppy ]]; then
+        t1="failed: $pypi_error" tddp="failed: $pypi_error"
+      elif [[ $round -eq 1 ]]; then   # the sweeps
+        t1=$(peer_run "$config-$peer-1" "$ppy" "$repo/bench/pytorch_train.py" "${args[@]}" "${t1_args[@]}")
+        variants=$(top_two_variants "$t1")
+        variants=${variants:-$(field variant "$t1")}
+        ddp_args=()
+        if [[ $peer == pypi-compile ]]; then  # every setting compiles anew: one setting
+          ddp_args=(--buckets "${eager_setting[0]:-25}" --bucket-views "${eager_setting[1]:-0}")
+        fi
+        if [[ -z $variants ]]; then
+          tddp="failed: its single-process run failed"
+        else
+          tddp=$(peer_run "$config-$peer-ddp" "$ppy" "$repo/bench/pytorch_ddp.py" "${args[@]}" \
+                   --variants "$variants" --single-tokens-per-s "$(field tokens_per_s "$t1")" \
+                   "${ddp_args[@]}")
+        fi
+        if [[ $peer == pypi && -n $(field tokens_per_s "$tddp") ]]; then
+          eager_setting=("$(field bucket_cap_mb "$tddp")" "$(field gradient_as_bucket_view "$tddp")")
+        fi
+      else   # rounds 2..N: round 1's choices again, no sweep
+        t1="" tddp=""
+        if [[ -z ${failed[$i-1]:-} ]]; then
+          t1=$(peer_run "$config-$peer-1$sfx" "$ppy" "$repo/bench/pytorch_train.py" "${args[@]}" \
+                 --variant "$(field variant "${runs[$i-1:1]}")" "${t1_args[@]}")
+        fi
+        if [[ -z ${failed[$i-ddp]:-} ]]; then
+          first=${runs[$i-ddp:1]} single=()
+          [[ -n $(field tokens_per_s "$t1") ]] && single=(--single-tokens-per-s "$(field tokens_per_s "$t1")")
+          tddp=$(peer_run "$config-$peer-ddp$sfx" "$ppy" "$repo/bench/pytorch_ddp.py" "${args[@]}" \
+                   --variants "$(field variant_best "$first")" --buckets "$(field bucket_cap_mb "$first")" \
+                   --bucket-views "$(field gradient_as_bucket_view "$first")" "${single[@]}")
+        fi
       fi
-      if [[ -z $variants ]]; then
-        tddp="failed: its single-process run failed"
-      else
-        tddp=$(peer_run "$config-$peer-ddp" "$ppy" "$repo/bench/pytorch_ddp.py" "${args[@]}" \
-                 --variants "$variants" --single-tokens-per-s "$(field tokens_per_s "$t1")" \
-                 "${ddp_args[@]}")
-      fi
-      if [[ $peer == pypi && -n $(field tokens_per_s "$tddp") ]]; then
-        eager_setting=("$(field bucket_cap_mb "$tddp")" "$(field gradient_as_bucket_view "$tddp")")
-      fi
-    fi
-    names+=("$(peer_name "$peer" "$t1")") singles+=("$t1") ddps+=("$tddp")
-    tps=$(field tokens_per_s "$tddp")
+      for kind in 1 ddp; do
+        key=$i-$kind
+        if [[ -n ${failed[$key]:-} ]]; then line+=" $peer-$kind not-rerun"; continue; fi
+        if [[ $kind == 1 ]]; then out=$t1; else out=$tddp; fi
+        runs[$key:$round]=$out
+        tps=$(field tokens_per_s "$out")
+        [[ -n $tps ]] || failed[$key]=$out
+        line+=" $peer-$kind ${tps:-failed}"
+      done
+    done
+
+    # ---- dtrain: one process, then every backend and stage -----------------
+    runs[dtrain-1:$round]=$(run "$config-dtrain-1$sfx" "$bench" train --config "$cfg" "${dtrain_args[@]}")
+    line+=" dtrain-1 $(field tokens_per_s "${runs[dtrain-1:$round]}")"
+    for backend in $backends; do
+      for stage in $stages; do
+        name=$backend-stage$stage
+        store=()
+        [[ $backend == gloo ]] && store=(-x "DTRAIN_STORE=127.0.0.1:$(free_port)")
+        runs[$name:$round]=$(run "$config-dtrain-$name$sfx" "${mpirun[@]}" "${store[@]}" "$bench" train \
+                               --config "$cfg" "${dtrain_args[@]}" --set "parallel.backend=$backend" \
+                               --set "parallel.zero_stage=$stage")
+        line+=" $name $(field tokens_per_s "${runs[$name:$round]}")"
+      done
+    done
+    if [[ $repeats -gt 1 ]]; then echo "# $line" >&2; round_lines+=("$line"); fi
+  done
+
+  # ---- the table: medians over the rounds ----------------------------------
+  names=() singles=() ddps=() best=-1
+  for i in "${!peer_list[@]}"; do
+    names+=("$(peer_name "${peer_list[$i]}" "${runs[$i-1:1]}")")
+    singles+=("${failed[$i-1]:-$(merged "$i-1")}") ddps+=("${failed[$i-ddp]:-$(merged "$i-ddp")}")
+    tps=$(field tokens_per_s "${ddps[-1]}")
     if [[ -n $tps ]] && { [[ $best -lt 0 ]] ||
          awk -v a="$tps" -v b="$(field tokens_per_s "${ddps[$best]}")" 'BEGIN { exit !(a > b) }'; }; then
       best=$(( ${#ddps[@]} - 1 ))
@@ -183,9 +260,8 @@ for config in "${configs[@]}"; do
   ddp_tps="" fastest=none
   if [[ $best -ge 0 ]]; then ddp_tps=$(field tokens_per_s "${ddps[$best]}") fastest=${names[$best]}-ddp; fi
 
-  d1=$(run "$config-dtrain-1" "$bench" train --config "$cfg" "${dtrain_args[@]}")
+  d1=$(merged dtrain-1)
   d1_tps=$(field tokens_per_s "$d1")
-
   for i in "${!names[@]}"; do
     t1=${singles[$i]} tddp=${ddps[$i]}
     row "$config" "${names[$i]}-1" 1 "$t1" "" "$ddp_tps" "$(field variant "$t1")"
@@ -197,19 +273,21 @@ for config in "${configs[@]}"; do
   lines+=("${config//-/_}_fastest_ddp_peer: $fastest")
   for backend in $backends; do
     for stage in $stages; do
-      name=$backend-stage$stage
-      store=()
-      [[ $backend == gloo ]] && store=(-x "DTRAIN_STORE=127.0.0.1:$(free_port)")
-      out=$(run "$config-dtrain-$name" "${mpirun[@]}" "${store[@]}" "$bench" train \
-              --config "$cfg" "${dtrain_args[@]}" --set "parallel.backend=$backend" \
-              --set "parallel.zero_stage=$stage")
-      row "$config" "$name" 2 "$out" "$d1_tps" "$ddp_tps" \
+      out=$(merged "$backend-stage$stage")
+      row "$config" "$backend-stage$stage" 2 "$out" "$d1_tps" "$ddp_tps" \
         "exposed comm $(field exposed_comm_ms_per_step "$out") ms/step"
     done
   done
+  unset runs failed
 done
 
 echo
+if [[ $repeats -gt 1 ]]; then
+  printf '%s\n' "${round_lines[@]}"
+  echo "# the table and name: value lines: medians over these $repeats rounds (ratios and" \
+    "scaling of the medians)"
+  echo
+fi
 printf '%-9s %-24s %5s %10s %9s %8s %9s %9s %10s  %s\n' config run ranks tokens/s vs_ddp \
   scaling hidden comm_ms state_MB note
 printf '%s\n' "${rows[@]}"

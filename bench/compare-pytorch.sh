@@ -116,7 +116,7 @@ for config in "${configs[@]}"; do
     [[ $repeats -gt 1 ]] && tag=", round $round/$repeats"
     for i in "${!peer_list[@]}"; do
       peer=${peer_list[$i]}
-      [[ -z ${failed[$i]:-} ]] || continue
+      if [[ -n ${failed[$i]:-} ]]; then line+=" $peer not-rerun"; continue; fi
       chosen=""   # rounds 2..N: the variant round 1 chose
       [[ $round -gt 1 ]] && chosen=$(field variant "${runs[$i:1]}")
       echo "=== PyTorch ($peer$tag): $config"

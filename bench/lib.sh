@@ -9,11 +9,21 @@ bench_failed() {
   exit 1
 }
 
-# median: the median of the numbers on stdin, one a line (the mean of the two
-# middle ones for an even count); prints nothing for no input.
+# median: the median of the numbers on stdin, one a line; for an even count
+# the mean of the two middle ones, to as many decimals as they have. Prints
+# nothing for no input.
 median() {
   sort -g | awk -v OFMT=%.10g '{ v[NR] = $1 }
-    END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    END {
+      if (!NR) exit
+      if (NR % 2) { print v[(NR + 1) / 2]; exit }
+      a = v[NR / 2]; b = v[NR / 2 + 1]
+      if (a b ~ /[eE]/) { print (a + b) / 2; exit }
+      d = index(a, ".") ? length(a) - index(a, ".") : 0
+      if (index(b, ".") && length(b) - index(b, ".") > d) d = length(b) - index(b, ".")
+      if (d == 0 && (a + b) % 2) d = 1   # two integers: a half stays
+      printf "%." d "f\n", (a + b) / 2
+    }'
 }
 
 # median_outputs OUTPUT...: the first OUTPUT (a run's `name: value` lines and
