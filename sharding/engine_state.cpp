@@ -140,7 +140,7 @@ void Engine::Impl::allocate(const BufferPlan& p) {
 std::uint16_t* Engine::Impl::compute_buffer(int b) {
   if (options_.stage < 3) return compute_.data() + full_offset_[as_size(b)];
   if (tied_ && b == 0) return compute_block0_.data();
-  return compute_slot_[as_size(b % plan_.gather_slots)].data();
+  return compute_slot_[rotating_slot(b)].data();
 }
 
 std::uint16_t* Engine::Impl::staging_buffer(int b) {
@@ -168,7 +168,7 @@ MemoryStats Engine::Impl::memory() const { return plan_.stats(); }
 
 float* Engine::Impl::gather_buffer(int b) {
   if (tied_ && b == 0) return gather_block0_.data();
-  return gather_[as_size(b % plan_.gather_slots)].data();
+  return gather_[rotating_slot(b)].data();
 }
 
 float* Engine::Impl::gradient_buffer(int b) {
@@ -179,7 +179,12 @@ float* Engine::Impl::gradient_buffer(int b) {
 Engine::Impl::Slot& Engine::Impl::gradient_slot(int b) { return tied_ && b == 0 ? grad0_slot_ : grad_slots_[b % 2]; }
 
 Engine::Impl::Slot& Engine::Impl::gather_slot(int b) {
-  return tied_ && b == 0 ? gather0_slot_ : gather_slot_[as_size(b % plan_.gather_slots)];
+  return tied_ && b == 0 ? gather0_slot_ : gather_slot_[rotating_slot(b)];
+}
+
+std::size_t Engine::Impl::rotating_slot(int b) const {
+  DTRAIN_CHECK(plan_.gather_slots > 0, "block {}: gather slots exist at stage 3 only", b);
+  return as_size(b % plan_.gather_slots);
 }
 
 std::vector<Engine::Impl::Slot*> Engine::Impl::gather_slots() {

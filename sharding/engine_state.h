@@ -113,6 +113,7 @@ struct Engine::Impl {
   Slot& gradient_slot(int b);
   Slot& gather_slot(int b);
   std::vector<Slot*> gather_slots();  // every one, block 0's included
+  std::size_t rotating_slot(int b) const;  // stage 3: block b's gather and compute slot (b mod their number)
   void launch_gather(int b);
   void drain(Slot& slot);
   // The fence a collective waits for: the end of the device's queue.
