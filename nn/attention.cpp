@@ -28,6 +28,13 @@ namespace {
 // 32 was up to 15% slower in backward, 128 up to 12% at T = 128.
 constexpr std::int64_t kQueryBlock = 64;
 
+// How many rows ahead the head gathers and scatters ask for the strided rows
+// of an interleaved buffer (PREFETCHW for stores). Without it the scatter of
+// dQ, dK, dV stalled on its stores: attention's backward outside its products
+// took 10.4 ms per lm-small step, 7.3-7.9 with 4, 8 or 16 rows ahead (and
+// the forward 9.5 ms, 8.5-9.3 with 8).
+constexpr std::int64_t kRowsAhead = 8;
+
 // One thread's tile buffers (grown on first use, then reused).
 struct ThreadScratch {
   std::vector<float> scores, dp, dq, dk, dv;
@@ -136,9 +143,22 @@ struct HostOps {
     return base + (b * s.seq + t) * parts * d + part * d + h * s.head_dim;
   }
 
+  // One head's row of an interleaved buffer, asked for ahead of its use.
+  void prefetch_head_row(const T* row, bool for_write) const {
+    const char* p = reinterpret_cast<const char*>(row);
+    for (std::size_t l = 0; l < static_cast<std::size_t>(s.head_dim) * sizeof(T); l += 64) {
+      if (for_write) {
+        __builtin_prefetch(p + l, 1);
+      } else {
+        __builtin_prefetch(p + l, 0);
+      }
+    }
+  }
+
   void gather(const AttentionGroup<T>& g, const T* interleaved, std::int64_t parts, std::int64_t part, T* heads) {
     const auto bytes = static_cast<std::size_t>(s.head_dim) * sizeof(T);
     for (std::int64_t t = 0; t < s.seq; ++t) {
+      if (t + kRowsAhead < s.seq) prefetch_head_row(interleaved_row(interleaved, g, parts, part, t + kRowsAhead), false);
       std::memcpy(heads + t * s.head_dim, interleaved_row(interleaved, g, parts, part, t), bytes);
     }
   }
@@ -146,6 +166,7 @@ struct HostOps {
   void write_rows(const AttentionGroup<T>& g, const AttentionTile& tile, const T* o, T* out) {
     const auto bytes = static_cast<std::size_t>(s.head_dim) * sizeof(T);
     for (std::int64_t i = 0; i < tile.rows; ++i) {
+      if (i + kRowsAhead < tile.rows) prefetch_head_row(interleaved_row(out, g, 1, 0, tile.row0 + i + kRowsAhead), true);
       std::memcpy(interleaved_row(out, g, 1, 0, tile.row0 + i), o + i * s.head_dim, bytes);
     }
   }
@@ -156,6 +177,7 @@ struct HostOps {
     for (int part = 0; part < 3; ++part) {
       for (std::int64_t t = 0; t < s.seq; ++t) {
         T* dst = interleaved_row(d_qkv, g, 3, part, t);
+        if (t + kRowsAhead < s.seq) prefetch_head_row(interleaved_row(d_qkv, g, 3, part, t + kRowsAhead), true);
         const float* src = grads[part] + t * hd;
         for (std::int64_t e = 0; e < hd; ++e) dst[e] = F::store(src[e]);
       }
