@@ -106,6 +106,12 @@ class Graph final : public Model {
   // Where the LayerNorm reading the residual stream copies it: the next
   // residual add's output, or nowhere when dropout adds the branch itself.
   float* residual_copy(float* out) const { return dropout_active_ ? nullptr : out; }
+  // Where the layernorm backward that leaves d_resid sums its columns in the
+  // same pass: the bias gradient of the branch that reads d_resid next (fc2,
+  // then proj), or nowhere when dropout gives that branch a gradient of its own.
+  float* resid_sums() { return dropout_active_ ? nullptr : acts_.d_resid_sums.data(); }
+  // A branch's bias gradient: from resid_sums() when there, else (null) summed by linear_backward.
+  float* bias_grad_unless_summed(float* bias_grad);
   void head_backward(float grad_scale);
   void layer_backward(int l);
   void embed_backward();

@@ -57,7 +57,16 @@ void Graph<K>::head_backward(float grad_scale) {
     k_.mean_pool_backward(acts_.d_pooled.data(), acts_.d_lnf.data(), batch(), seq_len(), d);
   }
   k_.layernorm_backward(acts_.d_lnf.data(), acts_.resid.back().data(), param(base, false), acts_.lnf_mean.data(),
-                        acts_.lnf_rstd.data(), acts_.d_resid.data(), ln_grad, param(base + 1, true), n, d, false);
+                        acts_.lnf_rstd.data(), acts_.d_resid.data(), ln_grad, param(base + 1, true), n, d, false,
+                        config().n_layers > 0 ? resid_sums() : nullptr);
+}
+
+template <class K>
+float* Graph<K>::bias_grad_unless_summed(float* bias_grad) {
+  const float* sums = resid_sums();
+  if (sums == nullptr) return bias_grad;
+  k_.residual(bias_grad, sums, bias_grad, config().d_model);  // bias_grad += sums
+  return nullptr;
 }
 
 template <class K>
@@ -86,26 +95,27 @@ void Graph<K>::layer_backward(int l) {
   // MLP branch: x_out = mid + fc2(gelu(fc1(ln2(mid)))).
   const float* g_mlp = branch_grad(2 * l + 1);
   k_.linear_backward(as_storage(g_mlp, acts_.d_resid16.data(), n * d), g_mlp, L.a.data(), matrix(base + kFc2W),
-                     acts_.d_h.data(), g(kFc2W), g(kFc2B), n, ff, d, weights_version(base + kFc2W));
+                     acts_.d_h.data(), g(kFc2W), bias_grad_unless_summed(g(kFc2B)), n, ff, d,
+                     weights_version(base + kFc2W));
   // L.h holds gelu'; fc1's bias gradient is summed in the same pass.
   k_.gelu_backward(acts_.d_h.data(), L.h.data(), acts_.d_h.data(), g(kFc1B), n, ff);
   k_.linear_backward(acts_.d_h.data(), static_cast<const float*>(nullptr), L.ln2.data(), matrix(base + kFc1W),
                      d_tmp, g(kFc1W), nullptr, n, d, ff, weights_version(base + kFc1W));
   k_.layernorm_backward(d_tmp, L.mid.data(), w(kLn2W), L.ln2_mean.data(), L.ln2_rstd.data(), d_resid, g(kLn2W),
-                        g(kLn2B), n, d, true);
+                        g(kLn2B), n, d, true, resid_sums());
 
   // Attention branch: mid = x + proj(attn(qkv(ln1(x)))).
   const float* g_attn = branch_grad(2 * l);
   k_.linear_backward(as_storage(g_attn, acts_.d_resid16.data(), n * d), g_attn, L.attn.data(),
-                     matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), g(kProjB), n, d, d,
-                     weights_version(base + kProjW));
+                     matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), bias_grad_unless_summed(g(kProjB)), n, d,
+                     d, weights_version(base + kProjW));
   k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(),
                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
                         acts_.attention_scratch());
   k_.linear_backward(acts_.d_qkv.data(), static_cast<const float*>(nullptr), L.ln1.data(), matrix(base + kQkvW),
                      d_tmp, g(kQkvW), g(kQkvB), n, d, 3 * d, weights_version(base + kQkvW));
   k_.layernorm_backward(d_tmp, x, w(kLn1W), L.ln1_mean.data(), L.ln1_rstd.data(), d_resid, g(kLn1W), g(kLn1B), n,
-                        d, true);
+                        d, true, l > 0 ? resid_sums() : nullptr);
 }
 
 template <class K>

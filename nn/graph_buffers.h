@@ -36,6 +36,7 @@ struct GraphActivations {
   F32 lnf_mean, lnf_rstd, lnf32, pooled, logits;  // lnf32, pooled: the classifier's f32 head
   std::int64_t logits_rows = 0;                   // rows of one logits tile (ModelConfig::logits_rows)
   F32 d_resid, d_tmp, d_branch, d_lnf, d_pooled;
+  F32 d_resid_sums;  // [d]: d_resid's column sums, as the layernorm backward that wrote it left them
   Store d_resid16, d_h, d_attn, d_qkv, d_logits16;  // *16: only when T is 16-bit
   // Whole-batch attention scratch, for a kernel set that asks for it
   // (nn/attention.h AttentionScratch); empty otherwise.
@@ -71,6 +72,7 @@ struct GraphActivations {
     logits = F32(dev, static_cast<std::size_t>(logits_rows * c.outputs()));
     for (F32* s : {&d_resid, &d_tmp, &d_lnf}) *s = F32(dev, bt * d);
     d_branch = F32(dev, c.dropout > 0.0f ? bt * d : 0);
+    d_resid_sums = F32(dev, c.dropout > 0.0f ? 0 : d);
     d_attn = Store(dev, bt * d);
     d_resid16 = Store(dev, half_only * bt * d);
     d_h = Store(dev, bt * ff);
@@ -105,7 +107,7 @@ struct GraphActivations {
       n += s->bytes();
     }
     for (const F32* s : {&scores, &dp, &dq, &dk, &dv, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits, &d_resid,
-                         &d_tmp, &d_branch, &d_lnf, &d_pooled}) {
+                         &d_tmp, &d_branch, &d_lnf, &d_pooled, &d_resid_sums}) {
       n += s->bytes();
     }
     return static_cast<std::int64_t>(n);

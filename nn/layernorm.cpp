@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "nn/cpu/convert.h"
 #include "nn/cpu/parallel.h"
@@ -42,8 +43,9 @@ DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 //   dweight += sum_rows dy * xhat,  dbias += sum_rows dy.
 void layernorm_backward(const float* dy, const float* x, const float* weight, const float* mean,
                         const float* rstd, float* dx, float* dweight, float* dbias,
-                        std::int64_t n, std::int64_t c, bool accumulate_dx) {
+                        std::int64_t n, std::int64_t c, bool accumulate_dx, float* dx_sums) {
   const float inv_c = 1.0f / static_cast<float>(c);
+  if (dx_sums != nullptr) std::memset(dx_sums, 0, static_cast<std::size_t>(c) * sizeof(float));
   for (std::int64_t i = 0; i < n; ++i) {
     const float* dyi = dy + i * c;
     const float* xi = x + i * c;
@@ -61,16 +63,20 @@ void layernorm_backward(const float* dy, const float* x, const float* weight, co
     });
     const float mean_g = sum_g.total() * inv_c;
     const float mean_gx = sum_gx.total() * inv_c;
-    if (accumulate_dx) {
+    // One loop per case, each vectorised without a branch inside.
+    auto write_dx = [&](auto accumulate, auto sums) {
       for (std::int64_t j = 0; j < c; ++j) {
         const float xhat = (xi[j] - m) * s;
-        dxi[j] += s * (dyi[j] * weight[j] - mean_g - xhat * mean_gx);
+        const float d = s * (dyi[j] * weight[j] - mean_g - xhat * mean_gx);
+        const float out = accumulate ? dxi[j] + d : d;
+        dxi[j] = out;
+        if constexpr (sums) dx_sums[j] += out;
       }
+    };
+    if (dx_sums != nullptr) {
+      accumulate_dx ? write_dx(std::true_type{}, std::true_type{}) : write_dx(std::false_type{}, std::true_type{});
     } else {
-      for (std::int64_t j = 0; j < c; ++j) {
-        const float xhat = (xi[j] - m) * s;
-        dxi[j] = s * (dyi[j] * weight[j] - mean_g - xhat * mean_gx);
-      }
+      accumulate_dx ? write_dx(std::true_type{}, std::false_type{}) : write_dx(std::false_type{}, std::false_type{});
     }
   }
 }

@@ -19,9 +19,12 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, t
                        float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy = nullptr);
 
 // dy, x: [n, c]. dx: [n, c], written, or added to when accumulate_dx.
-// dweight, dbias: [c], always added to.
+// dweight, dbias: [c], always added to. dx_sums, when given: [c], written
+// with the column sums of dx as this pass leaves it, added row by row in
+// order from 0 (the order of linear_backward's bias sum): the bias gradient
+// of the branch that reads dx next, without another pass over it.
 void layernorm_backward(const float* dy, const float* x, const float* weight, const float* mean,
                         const float* rstd, float* dx, float* dweight, float* dbias,
-                        std::int64_t n, std::int64_t c, bool accumulate_dx);
+                        std::int64_t n, std::int64_t c, bool accumulate_dx, float* dx_sums = nullptr);
 
 }  // namespace dtrain::nn

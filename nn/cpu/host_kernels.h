@@ -41,12 +41,13 @@ class HostKernels {
     dev_->run(KernelKind::layernorm_forward, bytes,
               [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c, x_copy); });
   }
-  // dy, x, w, mean, rstd read; dx written (and read when accumulated); dw, db updated.
+  // dy, x, w, mean, rstd read; dx written (and read when accumulated); dw, db updated; dx_sums written.
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                          float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx) {
-    const double bytes = f32((accumulate_dx ? 4 : 3) * n * c + 5 * c + 2 * n);
+                          float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx,
+                          float* dx_sums = nullptr) {
+    const double bytes = f32((accumulate_dx ? 4 : 3) * n * c + 6 * c + 2 * n);
     dev_->run(KernelKind::layernorm_backward, bytes,
-              [=] { nn::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx); });
+              [=] { nn::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx, dx_sums); });
   }
 
   // Untimed as a whole: the GEMMs and the bias gradient time themselves.

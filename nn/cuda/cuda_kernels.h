@@ -14,8 +14,11 @@
 // Threading: the device's submitting thread only.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
+#include "core/cuda/check.h"
 #include "nn/attention_steps.h"
 #include "nn/cross_entropy.h"
 #include "nn/cuda/attention.h"
@@ -46,9 +49,14 @@ class CudaKernels {
                          std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
     cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, kLayerNormEps, x_copy, stream_);
   }
+  // dx_sums (when given): dx's column sums, after the layernorm (the CPU's order is not kept).
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
-                          float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx) {
+                          float* dx, float* dw, float* db, std::int64_t n, std::int64_t c, bool accumulate_dx,
+                          float* dx_sums = nullptr) {
     cuda::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx, stream_);
+    if (dx_sums == nullptr) return;
+    DTRAIN_CUDA_CHECK(cudaMemsetAsync(dx_sums, 0, static_cast<std::size_t>(c) * sizeof(float), stream_));
+    add_column_sums<DType::f32>(dx, dx_sums, n, c, stream_);
   }
 
   // y (+)= x W^T + b: one product (the bias broadcast first when given).

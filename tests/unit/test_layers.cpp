@@ -142,6 +142,31 @@ TEST(LayerNorm, BackwardAccumulatesIntoExistingGradients) {
   for (std::size_t i = 0; i < nc; ++i) EXPECT_NEAR(dx3[i], dx[i], 1e-6);
 }
 
+// dx_sums: the column sums of dx as the pass leaves it, bit for bit the sum
+// linear_backward would take of it (rows in order from 0), written over any
+// garbage; with and without accumulate_dx. The rest is as without dx_sums.
+TEST(LayerNorm, BackwardSumsTheColumnsOfDxInTheSamePass) {
+  LayerNormCase lc;
+  lc.loss();
+  const auto nc = static_cast<std::size_t>(lc.n * lc.c);
+  for (const bool accumulate : {false, true}) {
+    std::vector<float> dx(nc, 0.5f), dw(lc.c, 0.0f), db(lc.c, 0.0f);
+    layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(), dx.data(),
+                       dw.data(), db.data(), lc.n, lc.c, accumulate);
+    std::vector<float> dx2(nc, 0.5f), dw2(lc.c, 0.0f), db2(lc.c, 0.0f), sums(lc.c, kNaN);
+    layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(), dx2.data(),
+                       dw2.data(), db2.data(), lc.n, lc.c, accumulate, sums.data());
+    for (std::size_t i = 0; i < nc; ++i) EXPECT_NEAR(dx2[i], dx[i], 1e-6);  // the split of body and tail may move
+    EXPECT_EQ(dw2, dw);
+    EXPECT_EQ(db2, db);
+    std::vector<float> expected(lc.c, 0.0f);
+    for (std::int64_t i = 0; i < lc.n; ++i) {
+      for (std::int64_t j = 0; j < lc.c; ++j) expected[j] += dx2[i * lc.c + j];
+    }
+    EXPECT_EQ(sums, expected) << "accumulate_dx = " << accumulate;
+  }
+}
+
 // ------------------------------------------------------------------- Linear
 
 struct LinearCase {
