@@ -67,6 +67,9 @@ template <class F>
 struct HostOps {
   using T = typename F::T;
   const AttentionShape& s;
+  // Backward with a bias gradient: each pair's column sums of its dQ, dK, dV
+  // as stored, [pairs, 3, hd] (write_grads), added up by add_bias_sums.
+  float* pair_sums = nullptr;
 
   std::int64_t query_block() const { return kQueryBlock; }
 
@@ -175,11 +178,36 @@ struct HostOps {
     const std::int64_t hd = s.head_dim;
     const float* grads[3] = {g.dq, g.dk, g.dv};
     for (int part = 0; part < 3; ++part) {
+      float* sums = pair_sums != nullptr ? pair_sums + (g.pair0 * 3 + part) * hd : nullptr;
+      if (sums != nullptr) std::fill(sums, sums + hd, 0.0f);
       for (std::int64_t t = 0; t < s.seq; ++t) {
         T* dst = interleaved_row(d_qkv, g, 3, part, t);
         if (t + kRowsAhead < s.seq) prefetch_head_row(interleaved_row(d_qkv, g, 3, part, t + kRowsAhead), true);
         const float* src = grads[part] + t * hd;
-        for (std::int64_t e = 0; e < hd; ++e) dst[e] = F::store(src[e]);
+        if (sums == nullptr) {
+          for (std::int64_t e = 0; e < hd; ++e) dst[e] = F::store(src[e]);
+          continue;
+        }
+        float* __restrict__ acc = sums;  // apart from dst: no check, no reload
+        for (std::int64_t e = 0; e < hd; ++e) {
+          const T stored = F::store(src[e]);
+          dst[e] = stored;
+          acc[e] += F::load(stored);
+        }
+      }
+    }
+  }
+
+  // d_bias[part, h, e] += the pairs' sums, batch by batch in order.
+  void add_bias_sums(float* d_bias) const {
+    const std::int64_t hd = s.head_dim;
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      for (std::int64_t h = 0; h < s.heads; ++h) {
+        for (std::int64_t part = 0; part < 3; ++part) {
+          const float* sums = pair_sums + ((b * s.heads + h) * 3 + part) * hd;
+          float* out = d_bias + part * s.d_model() + h * hd;
+          for (std::int64_t e = 0; e < hd; ++e) out[e] += sums[e];
+        }
       }
     }
   }
@@ -252,11 +280,14 @@ void attention_forward(const AttentionShape& s, const typename F::T* qkv, typena
 
 template <class F>
 void attention_backward(const AttentionShape& s, const typename F::T* d_out, typename F::T* d_qkv,
-                        const AttentionSaved<typename F::T>& saved) {
+                        const AttentionSaved<typename F::T>& saved, float* d_bias) {
   const double bytes = static_cast<double>(s.head_elems() * 7 * sizeof(typename F::T) + s.row_elems() * 4);
   const cpu::KernelTimer timer(cpu::KernelKind::attention_backward, bytes);  // q, k, v, d_out, lse in; d_qkv out
   HostOps<F> ops{s};
+  thread_local std::vector<float> pair_sums;  // grown once, then reused
+  if (d_bias != nullptr) ops.pair_sums = sized(pair_sums, s.pairs() * 3 * s.head_dim);
   attention_backward_steps<F::kDType>(ops, s, d_out, d_qkv, saved);
+  if (d_bias != nullptr) ops.add_bias_sums(d_bias);
 }
 
 template <class F>
@@ -301,7 +332,8 @@ void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t 
 
 #define DTRAIN_INSTANTIATE(F)                                                                          \
   template void attention_forward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&); \
-  template void attention_backward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&); \
+  template void attention_backward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&,  \
+                                      float*);                                                               \
   template void attention_cached<F>(const AttentionShape&, std::int64_t, std::int64_t, const F::T*, F::T*, F::T*, \
                                     F::T*, float*);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)

@@ -59,10 +59,14 @@ template <class F = cpu::F32Format>
 void attention_forward(const AttentionShape& shape, const typename F::T* qkv, typename F::T* out,
                        const AttentionSaved<typename F::T>& saved);
 
-// d_out: [B, T, H, hd]; d_qkv: [B, T, 3, H, hd], written.
+// d_out: [B, T, H, hd]; d_qkv: [B, T, 3, H, hd], written. d_bias, when
+// given: [3, H, hd], added to: d_qkv's column sums (as stored, widened to
+// f32), the bias gradient of the projection that made qkv, taken while the
+// gradients are scattered (each pair's rows in order, then the pairs in
+// batch order: fixed, whatever the thread count).
 template <class F = cpu::F32Format>
 void attention_backward(const AttentionShape& shape, const typename F::T* d_out, typename F::T* d_qkv,
-                        const AttentionSaved<typename F::T>& saved);
+                        const AttentionSaved<typename F::T>& saved, float* d_bias = nullptr);
 
 // Inference with a key/value cache (decoding one sequence): the shape's seq
 // rows of qkv [seq, 3, H, hd] are positions first .. first + seq - 1; their

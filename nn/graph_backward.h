@@ -109,11 +109,12 @@ void Graph<K>::layer_backward(int l) {
   k_.linear_backward(as_storage(g_attn, acts_.d_resid16.data(), n * d), g_attn, L.attn.data(),
                      matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), bias_grad_unless_summed(g(kProjB)), n, d,
                      d, weights_version(base + kProjW));
+  // qkv's bias gradient is summed as attention scatters d_qkv.
   k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(),
                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
-                        acts_.attention_scratch());
+                        acts_.attention_scratch(), g(kQkvB));
   k_.linear_backward(acts_.d_qkv.data(), static_cast<const float*>(nullptr), L.ln1.data(), matrix(base + kQkvW),
-                     d_tmp, g(kQkvW), g(kQkvB), n, d, 3 * d, weights_version(base + kQkvW));
+                     d_tmp, g(kQkvW), nullptr, n, d, 3 * d, weights_version(base + kQkvW));
   k_.layernorm_backward(d_tmp, x, w(kLn1W), L.ln1_mean.data(), L.ln1_rstd.data(), d_resid, g(kLn1W), g(kLn1B), n,
                         d, true, l > 0 ? resid_sums() : nullptr);
 }

@@ -74,8 +74,8 @@ class HostKernels {
     dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved); });
   }
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
-                          const AttentionScratch<T>& /*scratch*/) {
-    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved); });
+                          const AttentionScratch<T>& /*scratch*/, float* d_bias = nullptr) {
+    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved, d_bias); });
   }
 
   void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,

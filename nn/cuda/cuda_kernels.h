@@ -87,10 +87,12 @@ class CudaKernels {
     AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
     attention_forward_steps<kCompute>(ops, s, qkv, out, saved);
   }
+  // d_bias (when given): d_qkv's column sums, after the steps (the CPU's order is not kept).
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
-                          const AttentionScratch<T>& scratch) {
+                          const AttentionScratch<T>& scratch, float* d_bias = nullptr) {
     AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
     attention_backward_steps<kCompute>(ops, s, d_out, d_qkv, saved);
+    if (d_bias != nullptr) add_column_sums<kCompute>(d_qkv, d_bias, s.batch * s.seq, 3 * s.d_model(), stream_);
   }
   // Decoding with a key/value cache; the scores stay in shared memory, so `scores` is not used.
   void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,

@@ -54,9 +54,9 @@ struct AttentionCase {
     attention_forward(shape, qkv.data(), out.data(), saved());
     return dot(out.data(), r.data(), shape.head_elems());
   }
-  void backward() {
+  void backward(float* d_bias = nullptr) {
     loss();
-    attention_backward(shape, r.data(), d_qkv.data(), saved());
+    attention_backward(shape, r.data(), d_qkv.data(), saved(), d_bias);
   }
 };
 
@@ -186,11 +186,12 @@ TEST_P(AttentionTest, BackwardMatchesFiniteDifferencesAcrossTiles) {
 TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitwise) {
   const AttentionShape s{2, 70, 2, 8, GetParam()};  // enough work to split across threads
   const int threads = omp_get_max_threads();
-  std::vector<float> out[2], lse[2], grad[2];
+  std::vector<float> out[2], lse[2], grad[2], bias[2];
   for (int n : {1, 2}) {
     omp_set_num_threads(n);
     AttentionCase ac(s, 12);
-    ac.backward();
+    bias[n - 1].assign(static_cast<std::size_t>(3 * s.d_model()), 0.0f);
+    ac.backward(bias[n - 1].data());
     out[n - 1] = ac.out;
     lse[n - 1] = ac.lse;
     grad[n - 1] = ac.d_qkv;
@@ -199,6 +200,29 @@ TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitwise) {
   EXPECT_EQ(out[0], out[1]);
   EXPECT_EQ(lse[0], lse[1]);
   EXPECT_EQ(grad[0], grad[1]);
+  EXPECT_EQ(bias[0], bias[1]);
+}
+
+// The bias gradient of the qkv projection, summed as the gradients are
+// scattered: added to what is there, the column sums of d_qkv (1e-5 of the
+// sum of magnitudes: f32 sums in another order than the double reference);
+// d_qkv itself bit for bit as without it.
+TEST_P(AttentionTest, BackwardSumsTheQkvBiasGradient) {
+  const AttentionShape s{3, 70, 2, 8, GetParam()};  // two tiles of rows, three batches
+  AttentionCase plain(s, 13), fused(s, 13);
+  plain.backward();
+  std::vector<float> d_bias(static_cast<std::size_t>(3 * s.d_model()), 0.25f);
+  fused.backward(d_bias.data());
+  EXPECT_EQ(fused.d_qkv, plain.d_qkv);
+  const std::int64_t rows = s.batch * s.seq, width = 3 * s.d_model();
+  for (std::int64_t j = 0; j < width; ++j) {
+    double sum = 0.25, magnitude = 0.25;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      sum += plain.d_qkv[static_cast<std::size_t>(i * width + j)];
+      magnitude += std::fabs(plain.d_qkv[static_cast<std::size_t>(i * width + j)]);
+    }
+    EXPECT_NEAR(d_bias[static_cast<std::size_t>(j)], sum, 1e-5 * magnitude) << "column " << j;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(CausalAndNot, AttentionTest, ::testing::Bool(),
