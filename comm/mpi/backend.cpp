@@ -1,6 +1,7 @@
 #include "comm/mpi/backend.h"
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -33,10 +34,17 @@ constexpr std::size_t kMaxPiece = std::size_t{1} << 30;
 
 }  // namespace
 
+bool default_yield_when_idle() {
+  constexpr const char* kVariable = "OMPI_MCA_mpi_yield_when_idle";
+  if (std::getenv(kVariable) != nullptr) return false;
+  return setenv(kVariable, "1", /*overwrite=*/0) == 0;
+}
+
 MpiBackend::MpiBackend() {
   int initialised = 0;
   DTRAIN_MPI_CHECK(MPI_Initialized(&initialised));
   if (!initialised) {
+    default_yield_when_idle();
     int provided = 0;
     DTRAIN_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
     initialised_here_ = true;
