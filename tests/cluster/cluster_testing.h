@@ -19,21 +19,9 @@
 #include "support/run_command.h"
 #include "support/slurm_cluster.h"
 #include "support/temp_dir.h"
+#include "support/tiny_lm.h"
 
 namespace dtrain::testing {
-
-// Small enough for 4 ranks on 2 cores in a few seconds; dropout on, so that
-// equal metrics also mean equal dropout masks.
-inline const char* kTinyLm = R"({
-  "model": {"kind": "lm", "vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2,
-            "d_ff": 64, "max_seq_len": 16, "dropout": 0.1},
-  "data": {"kind": "synthetic", "seq_len": 16},
-  "optimizer": {"lr": 3e-3, "grad_clip": 1.0},
-  "schedule": {"warmup_steps": 5},
-  "train": {"steps": 20, "micro_batch_size": 4, "grad_accum_steps": 2, "log_every": 1,
-            "eval_every": 10, "eval_batches": 2},
-  "parallel": {"timeout_s": 30}
-})";
 
 inline std::string worker_bin() { return bin_dir() + "/dtrain-worker"; }
 inline std::string launch_bin() { return bin_dir() + "/dtrain-launch"; }
