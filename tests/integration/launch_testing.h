@@ -20,21 +20,14 @@
 #include "support/processes.h"
 #include "support/run_command.h"
 #include "support/temp_dir.h"
+#include "support/tiny_lm.h"
 
 namespace dtrain::testing {
 
 using namespace std::chrono_literals;
 
 // A tiny LM that trains in well under a second per 20 steps on one core.
-inline const char* kLaunchLm = R"({
-  "model": {"kind": "lm", "vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2,
-            "d_ff": 64, "max_seq_len": 16, "dropout": 0.1},
-  "data": {"kind": "synthetic", "seq_len": 16},
-  "optimizer": {"lr": 3e-3, "grad_clip": 1.0},
-  "schedule": {"warmup_steps": 5},
-  "train": {"steps": 20, "micro_batch_size": 4, "log_every": 1, "eval_every": 10, "eval_batches": 2},
-  "parallel": {"timeout_s": 60}
-})";
+inline const std::string kLaunchLm = tiny_lm_json(1, 60);
 
 inline std::string launcher() { return bin_dir() + "/dtrain-launch"; }
 inline std::string worker() { return bin_dir() + "/dtrain-worker"; }
