@@ -236,9 +236,10 @@ def fastest(done, why):
 
 
 def sweep(args, c):
-    """The settings that ran, fastest first. full: every variant x bucket x view. staged: the
-    variants at the middle bucket size (views as given), then the fastest
-    variant at every bucket x view: a third of full's jobs for 2 variants."""
+    """The settings that ran, fastest first. full: every variant x bucket x
+    view. staged: the variants at the middle bucket size (views as given),
+    then the fastest variant at every bucket x view: a third of full's jobs
+    for 2 variants."""
     variants, buckets, views = sweep_axes(args)
     if len(variants) * len(buckets) * len(views) == 1:
         return [(variants[0], buckets[0], views[0])]

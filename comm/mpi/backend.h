@@ -7,8 +7,9 @@
 // Open MPI's blocking calls poll until the peers arrive. On the comm thread
 // that poll competes with the training thread (and, with a rank per core,
 // with the other ranks) for the core, so dtrain asks Open MPI to yield the
-// core whenever a poll finds nothing (mpi_yield_when_idle): lm-small, 2 ranks
-// on 2 cores, ZeRO-3 +2.6% tokens/s in each of 3 rounds, stage 0 -2%/+2.6%/+2.4%.
+// core whenever a poll finds nothing (mpi_yield_when_idle). lm-small, 2 ranks
+// on 2 cores, yield over no yield in interleaved pairs: ZeRO-3 median +2.6%
+// (11 of 13 pairs faster), stage 0 median +2.4% (7 of 10).
 // A value already in the environment wins (OMPI_MCA_mpi_yield_when_idle=0,
 // or mpirun --mca mpi_yield_when_idle 0, which puts it there).
 #pragma once
