@@ -20,6 +20,11 @@
 # Prints a summary; exits non-zero when a step fails. Tests that skip (no GPU
 # visible) are reported as skipped, not passed. Budget: 5 minutes in all
 # (BUDGET_S), each step gets what is left.
+# With BUNDLE=ARCHIVE (made by scripts/gpu-bundle.sh on a machine with the
+# build dependencies), steps 1's configure and build are replaced by unpacking
+# the archive into BUILD_DIR; the libraries it carries are put on
+# LD_LIBRARY_PATH, with the folders that hold this machine's cuBLAS and NCCL
+# (the CUDA toolkit's, or the nvidia-* Python wheels').
 # Environment: BUILD_DIR (default build-gpu), STEPS (timed training steps, 10),
 # JOBS (build parallelism, nproc), BUDGET_S (300), PEAK_FLOPS (the GPU's peak
 # FLOP/s for MFU; default: dtrain-bench's H100/H200 figure per precision),
@@ -75,6 +80,29 @@ run_step() {
   [[ $status != FAIL && $status != TIMEOUT ]]
 }
 
+# cuda_library_dirs: the folders holding cuBLAS and NCCL here, where the
+# dynamic loader does not already know them.
+cuda_library_dirs() {
+  local lib dir
+  for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
+    ldconfig -p 2>/dev/null | grep -q "$lib" && continue
+    dir=$(find /usr/local/cuda*/ /usr/lib /opt /usr/local/lib -name "$lib" -print -quit 2>/dev/null)
+    [[ -n $dir ]] && dirname "$dir"
+  done | sort -u | paste -sd:
+}
+
+if [[ -n ${BUNDLE:-} ]]; then
+  rm -rf "$build" && mkdir -p "$build" && tar -C "$build" -xJf "$BUNDLE" || {
+    echo "gpu-check: cannot unpack BUNDLE=$BUNDLE into $build" >&2
+    exit 1
+  }
+  extra=$(cuda_library_dirs)
+  export LD_LIBRARY_PATH=$PWD/$build/deps${extra:+:$extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "gpu-check: unpacked $BUNDLE; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  missing=$(for f in "$build"/bin/* "$build"/lib/* "$build"/tests/*; do ldd "$f"; done | grep 'not found' | sort -u)
+  [[ -z $missing ]] || echo "gpu-check: libraries still missing:"$'\n'"$missing"
+fi
+
 mkdir -p "$log_dir"
 echo "gpu-check: build $build, budget ${budget} s, logs in $log_dir/"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.total,driver_version \
@@ -84,10 +112,17 @@ else
   echo "no GPU visible (nvidia-smi): the GPU tests will skip"
 fi
 
-if run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_WITH_CUDA=ON \
+if [[ -n ${BUNDLE:-} ]]; then
+  built=true
+elif run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_WITH_CUDA=ON \
   ${archs:+-DCMAKE_CUDA_ARCHITECTURES="$archs"} &&
   run_step build cmake --build "$build" -j "$jobs" --target dtrain_cuda dtrain-worker dtrain-bench \
     test_cuda_kernels test_cuda_device test_comm_nccl test_cuda_training; then
+  built=true
+else
+  built=false
+fi
+if $built; then
   run_step cuda-kernels "$build/tests/test_cuda_kernels"
   run_step cuda-device "$build/tests/test_cuda_device"
   run_step nccl-world-of-one "$build/tests/test_comm_nccl"
