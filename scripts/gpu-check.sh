@@ -98,6 +98,7 @@ if [[ -n ${BUNDLE:-} ]]; then
   }
   extra=$(cuda_library_dirs)
   export LD_LIBRARY_PATH=$PWD/$build/deps${extra:+:$extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export DTRAIN_TEST_BIN_DIR=$PWD/$build/bin DTRAIN_TEST_SOURCE_DIR=$PWD  # not where they were built
   echo "gpu-check: unpacked $BUNDLE; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   missing=$(for f in "$build"/bin/* "$build"/lib/* "$build"/tests/*; do ldd "$f"; done | grep 'not found' | sort -u)
   [[ -z $missing ]] || echo "gpu-check: libraries still missing:"$'\n'"$missing"

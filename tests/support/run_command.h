@@ -18,11 +18,18 @@ struct CommandResult {
 };
 
 // The build's binaries and the source tree, fixed when the test is compiled
-// (cmake/dtrain.cmake defines them for every test).
-inline std::string bin_dir() { return DTRAIN_TEST_BIN_DIR; }
-inline std::string source_dir() { return DTRAIN_TEST_SOURCE_DIR; }
+// (cmake/dtrain.cmake defines them for every test). The environment may move
+// them: DTRAIN_TEST_BIN_DIR, DTRAIN_TEST_SOURCE_DIR, DTRAIN_TEST_PROGRAM_DIR
+// (scripts/gpu-check.sh sets the first when it runs a bundle unpacked
+// elsewhere than it was built).
+inline std::string test_dir(const char* variable, const char* built) {
+  const char* set = std::getenv(variable);
+  return set != nullptr && *set != '\0' ? set : built;
+}
+inline std::string bin_dir() { return test_dir("DTRAIN_TEST_BIN_DIR", DTRAIN_TEST_BIN_DIR); }
+inline std::string source_dir() { return test_dir("DTRAIN_TEST_SOURCE_DIR", DTRAIN_TEST_SOURCE_DIR); }
 // Helper programs of multi-process tests (tests/programs/).
-inline std::string program_dir() { return DTRAIN_TEST_PROGRAM_DIR; }
+inline std::string program_dir() { return test_dir("DTRAIN_TEST_PROGRAM_DIR", DTRAIN_TEST_PROGRAM_DIR); }
 
 inline CommandResult run_command(const std::string& command) {
   CommandResult result;
