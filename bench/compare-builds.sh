@@ -6,6 +6,8 @@
 #
 #   bench/compare-builds.sh OLD_DTRAIN_BENCH NEW_DTRAIN_BENCH
 #   REPEATS=5 STEPS=10 CONFIGS="lm-small" PRECISIONS="fp32 bf16" bench/compare-builds.sh old/dtrain-bench build/bin/dtrain-bench
+# SETTINGS adds config settings to every run (on a GPU: SETTINGS="device=cuda";
+# longer sequences: SETTINGS="model.max_seq_len=1024 data.seq_len=1024").
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,11 +18,12 @@ repeats=${REPEATS:-3}
 steps=${STEPS:-8}
 read -r -a configs <<<"${CONFIGS:-lm-small cls-seed}"
 read -r -a precisions <<<"${PRECISIONS:-fp32 bf16}"
+read -r -a settings <<<"${SETTINGS:-}"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 
 # tokens_per_s of one run.
 run() {
-  "$1" train --config "$repo/examples/configs/$2.json" --steps "$steps" --set "precision=$3" |
+  "$1" train --config "$repo/examples/configs/$2.json" --steps "$steps" --set "precision=$3" "${settings[@]}" |
     awk '$1 == "tokens_per_s:" { print $2 }'
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "nn/attention_tile.h"
 #include "nn/cpu/convert.h"
 
 namespace dtrain::nn {
@@ -37,8 +38,9 @@ struct AttentionSaved {
 
 // Scratch shared by all layers, owned by the caller, for a device that runs
 // every pair as one batch (the GPU); the CPU keeps its small tiles per thread
-// and takes no scratch (any pointer may be null). With f32 storage, probs
-// may alias scores and d_scores may alias dp.
+// and takes no scratch (any pointer may be null); the GPU's one-pass kernels
+// use only delta. With f32 storage, probs may alias scores and d_scores may
+// alias dp.
 template <class T>
 struct AttentionScratch {
   float* scores;   // [B, H, T, T] f32: S
@@ -49,6 +51,7 @@ struct AttentionScratch {
   float* dq;       // [B, H, T, hd] f32 (backward only)
   float* dk;
   float* dv;
+  float* delta;    // [B, H, T] f32: rowsum(P * dP) of each query row (backward of the one-pass kernels)
 };
 
 // qkv: [B, T, 3, H, hd] (the fused projection's output); out: [B, T, H, hd].

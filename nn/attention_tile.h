@@ -26,4 +26,16 @@ struct AttentionGroup {
   float *dq, *dk, *dv;   // [pairs, T, hd] (backward)
 };
 
+// What of AttentionScratch a kernel set has the graph allocate: nothing (the
+// CPU), delta alone (the GPU's one-pass kernels), or the whole batch's.
+enum class AttentionScratchKind { none, rows, whole_batch };
+
+// The GPU's one-pass attention kernels (nn/cuda/attention.h) take head dims
+// up to this; beyond it, the GPU runs the tiled steps over the whole-batch
+// scratch (the [B, H, T, T] members of nn/attention.h's AttentionScratch).
+constexpr std::int64_t kOnePassMaxHeadDim = 128;
+constexpr AttentionScratchKind gpu_attention_scratch(std::int64_t head_dim) {
+  return head_dim <= kOnePassMaxHeadDim ? AttentionScratchKind::rows : AttentionScratchKind::whole_batch;
+}
+
 }  // namespace dtrain::nn

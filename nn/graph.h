@@ -16,8 +16,8 @@
 //   mean_pool_{forward,backward}, cross_entropy_{forward,backward}
 // with the argument lists of the CPU functions in nn/ (device pointers);
 // optionally attention_cached, which decode() needs (the CPU's has it);
-// and kAttentionScratch: whether attention takes the whole-batch scratch
-// (AttentionScratch, nn/attention.h), which the graph then allocates.
+// and attention_scratch(head_dim): what of the attention scratch
+// (AttentionScratch, nn/attention.h) the graph allocates for its attention.
 //
 // The definitions are in graph_forward.h and graph_backward.h; a device's
 // model file includes them and instantiates Graph for its kernel sets.

@@ -40,11 +40,12 @@ struct GraphActivations {
   Store d_resid16, d_h, d_attn, d_qkv, d_logits16;  // *16: only when T is 16-bit
   // Whole-batch attention scratch, for a kernel set that asks for it
   // (nn/attention.h AttentionScratch); empty otherwise.
-  F32 scores, dp, dq, dk, dv;
+  F32 scores, dp, dq, dk, dv, delta;
   Store heads, probs16, d_scores16;  // *16: only when T is 16-bit
 
-  // attention_scratch: allocate the whole-batch attention scratch.
-  GraphActivations(Device& dev, const ModelConfig& c, std::int64_t B, std::int64_t T_, bool attention_scratch) {
+  // scratch: what of the attention scratch to allocate.
+  GraphActivations(Device& dev, const ModelConfig& c, std::int64_t B, std::int64_t T_,
+                   AttentionScratchKind scratch) {
     const auto bt = static_cast<std::size_t>(B * T_);
     const auto d = static_cast<std::size_t>(c.d_model);
     const auto ff = static_cast<std::size_t>(c.d_ff);
@@ -78,7 +79,8 @@ struct GraphActivations {
     d_h = Store(dev, bt * ff);
     d_qkv = Store(dev, bt * 3 * d);
     d_logits16 = Store(dev, lm ? half_only * static_cast<std::size_t>(logits_rows * c.vocab_size) : 0);
-    const std::size_t batched = attention_scratch ? 1 : 0;
+    const std::size_t batched = scratch == AttentionScratchKind::whole_batch ? 1 : 0;
+    delta = F32(dev, scratch == AttentionScratchKind::rows ? rows : 0);
     for (F32* s : {&scores, &dp}) *s = F32(dev, batched * rows * static_cast<std::size_t>(T_));
     for (F32* s : {&dq, &dk, &dv}) *s = F32(dev, batched * bt * d);
     heads = Store(dev, batched * bt * d);
@@ -88,10 +90,11 @@ struct GraphActivations {
   // The scratch as the attention kernels take it: P over S and dS over dP when T is f32.
   AttentionScratch<T> attention_scratch() {
     if constexpr (kF32) {
-      return {scores.data(), dp.data(), scores.data(), dp.data(), heads.data(), dq.data(), dk.data(), dv.data()};
+      return {scores.data(), dp.data(), scores.data(), dp.data(), heads.data(), dq.data(), dk.data(), dv.data(),
+              delta.data()};
     } else {
       return {scores.data(), dp.data(), probs16.data(), d_scores16.data(), heads.data(), dq.data(), dk.data(),
-              dv.data()};
+              dv.data(), delta.data()};
     }
   }
 
@@ -106,7 +109,7 @@ struct GraphActivations {
                            &d_logits16}) {
       n += s->bytes();
     }
-    for (const F32* s : {&scores, &dp, &dq, &dk, &dv, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits, &d_resid,
+    for (const F32* s : {&scores, &dp, &dq, &dk, &dv, &delta, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits, &d_resid,
                          &d_tmp, &d_branch, &d_lnf, &d_pooled, &d_resid_sums}) {
       n += s->bytes();
     }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "nn/attention_tile.h"
 #include "nn/device.h"
 #include "nn/hooks.h"
 #include "nn/parameters.h"
@@ -150,10 +151,11 @@ class Model {
 
 // What Model::activation_bytes() of this model would be, computed without
 // allocating: a dry run's figure. The buffers are the same on every device
-// but for the whole-batch attention scratch a GPU's kernel set asks for
-// (attention_scratch).
+// but for the attention scratch a GPU's kernel set asks for (attention_scratch:
+// nn::gpu_attention_scratch of the head dim on a GPU).
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout,
-                                      std::int64_t batch, std::int64_t seq_len, bool attention_scratch = false);
+                                      std::int64_t batch, std::int64_t seq_len,
+                                      AttentionScratchKind attention_scratch = AttentionScratchKind::none);
 
 // One forward's result on its own: reset_result(), forward(), collect().
 ForwardResult forward_once(Model& model, const ModelInputs& inputs, BlockHooks& hooks, bool training,

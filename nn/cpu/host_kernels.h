@@ -66,8 +66,10 @@ class HostKernels {
     });
   }
 
-  // The CPU works in per-thread tiles: it takes no whole-batch scratch.
-  static constexpr bool kAttentionScratch = false;
+  // The CPU works in per-thread tiles: it takes no scratch.
+  static constexpr AttentionScratchKind attention_scratch(std::int64_t /*head_dim*/) {
+    return AttentionScratchKind::none;
+  }
   // Untimed here: the tile loop and its products time themselves.
   void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
                          const AttentionScratch<T>& /*scratch*/) {

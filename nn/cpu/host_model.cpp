@@ -73,7 +73,7 @@ class CountingDevice final : public Device {
 }  // namespace
 
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
-                                      std::int64_t seq_len, bool attention_scratch) {
+                                      std::int64_t seq_len, AttentionScratchKind attention_scratch) {
   CountingDevice counting;
   cpu::HostDevice host;  // the kernels' device: never called while the graph is built
   // Only the storage type changes the sizes; the scratch is added on its own.
@@ -82,9 +82,8 @@ std::int64_t planned_activation_bytes(const ModelConfig& config, const Parameter
                                                           batch, seq_len)
                                    .activation_bytes();
     using Acts = GraphActivations<typename F::T>;
-    return graph + (attention_scratch ? Acts(counting, config, batch, seq_len, true).bytes() -
-                                            Acts(counting, config, batch, seq_len, false).bytes()
-                                      : 0);
+    return graph + Acts(counting, config, batch, seq_len, attention_scratch).bytes() -
+           Acts(counting, config, batch, seq_len, AttentionScratchKind::none).bytes();
   };
   return config.compute == DType::f32 ? plan(cpu::F32Format{}) : plan(cpu::Bf16Format{});
 }

@@ -25,6 +25,20 @@ void AttentionOps<D>::gemm(const Gemm& g, const void* a, const void* b, void* c)
   cuda::gemm(blas_, g, a, b, c, nullptr, stream_);
 }
 
+template <DType D>
+void AttentionOps<D>::one_pass_forward(const AttentionSaved<T>& saved, const T* qkv, T* out) {
+  const AttentionGroup<T> g = group(saved);
+  gather(g, qkv, 3, 0, saved.q);
+  gather(g, qkv, 3, 1, saved.k);
+  gather(g, qkv, 3, 2, saved.v);
+  launch_one_pass_forward(saved.q, saved.k, saved.v, out, saved.lse);
+}
+
+template <DType D>
+void AttentionOps<D>::one_pass_backward(const AttentionSaved<T>& saved, const T* d_out, T* d_qkv, float* delta) {
+  launch_one_pass_backward(saved.q, saved.k, saved.v, saved.lse, d_out, d_qkv, delta);
+}
+
 // The rest is in attention.cu.
 template class AttentionOps<DType::f32>;
 template class AttentionOps<DType::bf16>;

@@ -1,5 +1,6 @@
 #include "nn/cuda/attention.h"
 
+#include <cmath>
 #include <type_traits>
 
 #include "core/cuda/check.h"
@@ -143,6 +144,251 @@ __global__ void attend_cached_kernel(const Storage<D>* qkv, const Storage<D>* k_
   }
 }
 
+// ---- One pass per (pair, block of query rows): the online softmax ----
+// A block of kFlashRows threads owns kFlashRows query rows of one pair, a
+// thread per row; keys and values go through shared memory kFlashKeys rows
+// at a time, as f32. HD (64 or 128) is the head dim rounded up: the rows
+// are zero-padded to it, so any hd <= HD gives the same sums. Causal blocks
+// stop at their last row's key. No [T, T] tensor: forward keeps each row's
+// running max and sum; backward recomputes P from lse.
+constexpr int kFlashRows = 64, kFlashKeys = 32;
+
+// Row i of pair p = (b, h) in the layouts the kernels touch.
+struct FlashLayout {
+  std::int64_t heads, seq, hd;
+  // [B, H, T, hd] (saved q, k, v)
+  __device__ std::int64_t head_row(std::int64_t pair, std::int64_t i) const { return (pair * seq + i) * hd; }
+  // [B, T, parts, H, hd] (out: parts 1, d_qkv: parts 3)
+  __device__ std::int64_t interleaved_row(std::int64_t pair, std::int64_t i, int parts, int part) const {
+    const std::int64_t b = pair / heads, h = pair % heads;
+    return ((b * seq + i) * parts + part) * heads * hd + h * hd;
+  }
+};
+
+// rows [first, first + kRows) of a [pair, T, hd] tensor into tile[kRows][HD + pad] as f32, zero-padded.
+template <DType D, int HD, int kRows, int kPad>
+__device__ void stage_rows(const Storage<D>* src, const FlashLayout& at, std::int64_t pair, std::int64_t first,
+                           float (*tile)[HD + kPad]) {
+  for (int x = threadIdx.x; x < kRows * HD; x += blockDim.x) {
+    const int r = x / HD, e = x % HD;
+    const std::int64_t i = first + r;
+    tile[r][e] = i < at.seq && e < at.hd ? detail::Format<D>::load(src[at.head_row(pair, i) + e]) : 0.0f;
+  }
+}
+
+template <DType D, int HD>
+__device__ void load_row(const Storage<D>* row, std::int64_t hd, float (&out)[HD]) {
+#pragma unroll
+  for (int e = 0; e < HD; ++e) out[e] = e < hd ? detail::Format<D>::load(row[e]) : 0.0f;
+}
+
+template <int HD>
+__device__ __forceinline__ float dot(const float (&a)[HD], const float* b) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < HD; ++e) s = fmaf(a[e], b[e], s);
+  return s;
+}
+
+// Keys the query rows of block `blk` see: all, or up to its last row.
+__device__ __forceinline__ std::int64_t flash_key_end(const FlashLayout& at, bool causal, std::int64_t blk) {
+  return causal ? min(at.seq, (blk + 1) * std::int64_t{kFlashRows}) : at.seq;
+}
+
+// O and lse of each query row: grid (pairs, row blocks).
+template <DType D, int HD>
+__global__ void __launch_bounds__(kFlashRows)
+    flash_forward_kernel(const Storage<D>* q, const Storage<D>* k, const Storage<D>* v, Storage<D>* out,
+                         float* lse, FlashLayout at, bool causal, float scale) {
+  __shared__ float ks[kFlashKeys][HD], vs[kFlashKeys][HD];
+  __shared__ float scores[kFlashRows][kFlashKeys + 1];  // each thread's own row; padded against bank conflicts
+  const std::int64_t pair = blockIdx.x, i = blockIdx.y * std::int64_t{kFlashRows} + threadIdx.x;
+  const bool active = i < at.seq;
+  float* s = scores[threadIdx.x];
+  float qr[HD], acc[HD];
+  load_row<D, HD>(q + at.head_row(pair, active ? i : 0), at.hd, qr);
+#pragma unroll
+  for (int e = 0; e < HD; ++e) acc[e] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const std::int64_t key_end = flash_key_end(at, causal, blockIdx.y);
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += kFlashKeys) {
+    __syncthreads();  // the previous tile is no longer read
+    stage_rows<D, HD, kFlashKeys, 0>(k, at, pair, j0, ks);
+    stage_rows<D, HD, kFlashKeys, 0>(v, at, pair, j0, vs);
+    __syncthreads();
+    if (!active) continue;
+    float tile_max = -INFINITY;
+#pragma unroll 1
+    for (int r = 0; r < kFlashKeys; ++r) {
+      const std::int64_t j = j0 + r;
+      const bool seen = j < at.seq && (!causal || j <= i);
+      s[r] = seen ? dot<HD>(qr, ks[r]) * scale : -INFINITY;
+      tile_max = fmaxf(tile_max, s[r]);
+    }
+    if (tile_max == -INFINITY) continue;  // every key of the tile is masked for this row
+    const float m_new = fmaxf(m, tile_max);
+    const float correction = m == -INFINITY ? 0.0f : detail::fast_exp(m - m_new);
+    l *= correction;
+#pragma unroll
+    for (int e = 0; e < HD; ++e) acc[e] *= correction;
+#pragma unroll 1
+    for (int r = 0; r < kFlashKeys; ++r) {
+      const float p = s[r] == -INFINITY ? 0.0f : detail::fast_exp(s[r] - m_new);
+      l += p;
+#pragma unroll
+      for (int e = 0; e < HD; ++e) acc[e] = fmaf(p, vs[r][e], acc[e]);
+    }
+    m = m_new;
+  }
+  if (!active) return;
+  const float inv = 1.0f / l;
+  Storage<D>* o = out + at.interleaved_row(pair, i, 1, 0);
+#pragma unroll
+  for (int e = 0; e < HD; ++e) {
+    if (e < at.hd) o[e] = detail::Format<D>::store(acc[e] * inv);
+  }
+  lse[pair * at.seq + i] = m + logf(l);
+}
+
+// dQ of each query row, and delta = rowsum(P * dP) for the dK/dV kernel:
+// grid (pairs, row blocks). Two passes over the keys: delta, then dQ.
+template <DType D, int HD>
+__global__ void __launch_bounds__(kFlashRows)
+    flash_backward_dq_kernel(const Storage<D>* q, const Storage<D>* k, const Storage<D>* v, const float* lse,
+                             const Storage<D>* d_out, Storage<D>* d_qkv, float* delta, FlashLayout at, bool causal,
+                             float scale) {
+  __shared__ float ks[kFlashKeys][HD], vs[kFlashKeys][HD];
+  const std::int64_t pair = blockIdx.x, i = blockIdx.y * std::int64_t{kFlashRows} + threadIdx.x;
+  const bool active = i < at.seq;
+  const std::int64_t row = active ? i : 0;
+  float qr[HD], dor[HD], dq[HD];
+  load_row<D, HD>(q + at.head_row(pair, row), at.hd, qr);
+  load_row<D, HD>(d_out + at.interleaved_row(pair, row, 1, 0), at.hd, dor);
+#pragma unroll
+  for (int e = 0; e < HD; ++e) dq[e] = 0.0f;
+  const float l = active ? lse[pair * at.seq + i] : 0.0f;
+  const std::int64_t key_end = flash_key_end(at, causal, blockIdx.y);
+  float dot_p_dp = 0.0f;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::int64_t j0 = 0; j0 < key_end; j0 += kFlashKeys) {
+      __syncthreads();
+      stage_rows<D, HD, kFlashKeys, 0>(k, at, pair, j0, ks);
+      stage_rows<D, HD, kFlashKeys, 0>(v, at, pair, j0, vs);
+      __syncthreads();
+      if (!active) continue;
+#pragma unroll 1
+      for (int r = 0; r < kFlashKeys; ++r) {
+        const std::int64_t j = j0 + r;
+        if (j >= at.seq || (causal && j > i)) continue;
+        const float p = detail::fast_exp(dot<HD>(qr, ks[r]) * scale - l);
+        const float dp = dot<HD>(dor, vs[r]);
+        if (pass == 0) {
+          dot_p_dp = fmaf(p, dp, dot_p_dp);
+        } else {
+          const float ds = p * (dp - dot_p_dp);
+#pragma unroll
+          for (int e = 0; e < HD; ++e) dq[e] = fmaf(ds, ks[r][e], dq[e]);
+        }
+      }
+    }
+  }
+  if (!active) return;
+  Storage<D>* out = d_qkv + at.interleaved_row(pair, i, 3, 0);
+#pragma unroll
+  for (int e = 0; e < HD; ++e) {
+    if (e < at.hd) out[e] = detail::Format<D>::store(dq[e] * scale);
+  }
+  delta[pair * at.seq + i] = dot_p_dp;
+}
+
+// dK and dV of each key row: grid (pairs, key blocks), a thread per key row,
+// the query rows that see them staged kFlashKeys at a time with their lse and
+// delta. Shared memory (dynamic: flash_dkv_shared_bytes): the block's own key
+// and value rows, padded against bank conflicts (threads read across rows),
+// then the staged query tile.
+template <int HD>
+constexpr std::size_t flash_dkv_shared_bytes() {
+  return sizeof(float) * (2 * kFlashRows * (HD + 1) + 2 * kFlashKeys * HD + 2 * kFlashKeys);
+}
+
+template <DType D, int HD>
+__global__ void __launch_bounds__(kFlashRows)
+    flash_backward_dkv_kernel(const Storage<D>* q, const Storage<D>* k, const Storage<D>* v, const float* lse,
+                              const Storage<D>* d_out, const float* delta, Storage<D>* d_qkv, FlashLayout at,
+                              bool causal, float scale) {
+  extern __shared__ float shared[];
+  auto own_k = reinterpret_cast<float (*)[HD + 1]>(shared);
+  auto own_v = reinterpret_cast<float (*)[HD + 1]>(shared + kFlashRows * (HD + 1));
+  auto qs = reinterpret_cast<float (*)[HD]>(shared + 2 * kFlashRows * (HD + 1));
+  auto dos = qs + kFlashKeys;
+  float* ls = shared + 2 * kFlashRows * (HD + 1) + 2 * kFlashKeys * HD;
+  float* deltas = ls + kFlashKeys;
+  const std::int64_t pair = blockIdx.x, first = blockIdx.y * std::int64_t{kFlashRows};
+  const std::int64_t j = first + threadIdx.x;
+  const bool active = j < at.seq;
+  stage_rows<D, HD, kFlashRows, 1>(k, at, pair, first, own_k);
+  stage_rows<D, HD, kFlashRows, 1>(v, at, pair, first, own_v);
+  float dk[HD], dv[HD];
+#pragma unroll
+  for (int e = 0; e < HD; ++e) dk[e] = dv[e] = 0.0f;
+  const float* kr = own_k[threadIdx.x];
+  const float* vr = own_v[threadIdx.x];
+  // Causal: the rows before the block's first key see none of its keys.
+  const std::int64_t i_begin = causal ? first : 0;
+  for (std::int64_t i0 = i_begin; i0 < at.seq; i0 += kFlashKeys) {
+    __syncthreads();  // the own rows are staged; the previous query tile is no longer read
+    for (int x = threadIdx.x; x < kFlashKeys * HD; x += blockDim.x) {
+      const int r = x / HD, e = x % HD;
+      const std::int64_t i = i0 + r;
+      const bool in = i < at.seq && e < at.hd;
+      qs[r][e] = in ? detail::Format<D>::load(q[at.head_row(pair, i) + e]) : 0.0f;
+      dos[r][e] = in ? detail::Format<D>::load(d_out[at.interleaved_row(pair, i, 1, 0) + e]) : 0.0f;
+    }
+    for (int r = threadIdx.x; r < kFlashKeys; r += blockDim.x) {
+      const bool in = i0 + r < at.seq;
+      ls[r] = in ? lse[pair * at.seq + i0 + r] : 0.0f;
+      deltas[r] = in ? delta[pair * at.seq + i0 + r] : 0.0f;
+    }
+    __syncthreads();
+    if (!active) continue;
+#pragma unroll 1
+    for (int r = 0; r < kFlashKeys; ++r) {
+      const std::int64_t i = i0 + r;
+      if (i >= at.seq || (causal && j > i)) continue;
+      float s = 0.0f, dp = 0.0f;
+#pragma unroll
+      for (int e = 0; e < HD; ++e) {
+        s = fmaf(qs[r][e], kr[e], s);
+        dp = fmaf(dos[r][e], vr[e], dp);
+      }
+      const float p = detail::fast_exp(s * scale - ls[r]);
+      const float d_s = p * (dp - deltas[r]) * scale;
+#pragma unroll
+      for (int e = 0; e < HD; ++e) {
+        dv[e] = fmaf(p, dos[r][e], dv[e]);
+        dk[e] = fmaf(d_s, qs[r][e], dk[e]);
+      }
+    }
+  }
+  if (!active) return;
+  Storage<D>* out_k = d_qkv + at.interleaved_row(pair, j, 3, 1);
+  Storage<D>* out_v = d_qkv + at.interleaved_row(pair, j, 3, 2);
+#pragma unroll
+  for (int e = 0; e < HD; ++e) {
+    if (e < at.hd) {
+      out_k[e] = detail::Format<D>::store(dk[e]);
+      out_v[e] = detail::Format<D>::store(dv[e]);
+    }
+  }
+}
+
+// fn(std::integral_constant<int, HD>) with HD 64 or 128, whichever holds hd.
+template <class Fn>
+void with_head_dim(std::int64_t hd, Fn fn) {
+  if (hd <= 64) return fn(std::integral_constant<int, 64>{});
+  fn(std::integral_constant<int, 128>{});
+}
+
 unsigned row_grid(std::int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 }  // namespace
@@ -193,6 +439,40 @@ template <DType D>
 void AttentionOps<D>::softmax_backward(const AttentionGroup<T>& g, const AttentionTile& t) {
   const std::int64_t rows = g.pairs * t.rows;
   softmax_backward_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.probs, g.dp, g.d_scores, rows, t.keys);
+  DTRAIN_CUDA_LAUNCHED();
+}
+
+template <DType D>
+void AttentionOps<D>::launch_one_pass_forward(const T* q, const T* k, const T* v, T* out, float* lse) {
+  const FlashLayout at{heads_, seq_, head_dim_};
+  const dim3 grid(static_cast<unsigned>(batch_ * heads_), static_cast<unsigned>((seq_ + kFlashRows - 1) / kFlashRows));
+  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim_));
+  with_head_dim(head_dim_, [&](auto hd) {
+    flash_forward_kernel<D, hd.value><<<grid, kFlashRows, 0, stream_>>>(q, k, v, out, lse, at, causal_, scale);
+  });
+  DTRAIN_CUDA_LAUNCHED();
+}
+
+template <DType D>
+void AttentionOps<D>::launch_one_pass_backward(const T* q, const T* k, const T* v, const float* lse,
+                                               const T* d_out, T* d_qkv, float* delta) {
+  const FlashLayout at{heads_, seq_, head_dim_};
+  const dim3 grid(static_cast<unsigned>(batch_ * heads_), static_cast<unsigned>((seq_ + kFlashRows - 1) / kFlashRows));
+  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim_));
+  with_head_dim(head_dim_, [&](auto hd) {
+    flash_backward_dq_kernel<D, hd.value>
+        <<<grid, kFlashRows, 0, stream_>>>(q, k, v, lse, d_out, d_qkv, delta, at, causal_, scale);
+    DTRAIN_CUDA_LAUNCHED();
+    constexpr std::size_t shared = flash_dkv_shared_bytes<hd.value>();
+    static const bool opted_in = [&] {  // past the 48 KiB default: once per kernel
+      DTRAIN_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_dkv_kernel<D, hd.value>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+      return true;
+    }();
+    (void)opted_in;
+    flash_backward_dkv_kernel<D, hd.value>
+        <<<grid, kFlashRows, shared, stream_>>>(q, k, v, lse, d_out, delta, d_qkv, at, causal_, scale);
+  });
   DTRAIN_CUDA_LAUNCHED();
 }
 

@@ -56,6 +56,18 @@ class AttentionOps {
   // d_scores = P * (dP - rowsum(P * dP)) per row; d_scores may alias dp (f32).
   void softmax_backward(const AttentionGroup<T>& g, const AttentionTile& tile);
 
+  // The attention core in one pass per (pair, block of 64 query rows), for
+  // head dims up to kOnePassMaxHeadDim (nn/attention.h): forward gathers q, k,
+  // v into `saved`, then an online softmax over key tiles in shared memory
+  // writes out [B, T, H, hd] and saved.lse; backward recomputes P from lse,
+  // one kernel for dQ and delta = rowsum(P * dP) (two passes over the keys),
+  // one for dK and dV (a thread per key row over the query rows that see it),
+  // writing d_qkv [B, T, 3, H, hd]. f32 arithmetic; no [T, T] tensor and no
+  // scratch but delta [B, H, T] f32; causal blocks stop at the diagonal;
+  // fixed order, no atomics: deterministic.
+  void one_pass_forward(const AttentionSaved<T>& saved, const T* qkv, T* out);
+  void one_pass_backward(const AttentionSaved<T>& saved, const T* d_out, T* d_qkv, float* delta);
+
   // nn::attention_cached (decoding one sequence, batch 1): the seq new rows
   // of qkv [seq, 3, H, hd] at positions first.. join k_cache and v_cache
   // ([H, capacity, hd]), then each row attends over the positions it sees
@@ -65,6 +77,10 @@ class AttentionOps {
 
  private:
   AttentionGroup<T> group(const AttentionSaved<T>& saved) const;
+  // The one-pass kernels (attention.cu).
+  void launch_one_pass_forward(const T* q, const T* k, const T* v, T* out, float* lse);
+  void launch_one_pass_backward(const T* q, const T* k, const T* v, const float* lse, const T* d_out, T* d_qkv,
+                                float* delta);
 
   const AttentionScratch<T>* scratch_;
 

@@ -80,18 +80,26 @@ class CudaKernels {
     add_column_sums<format<X>>(dy, db, n, out, stream_);
   }
 
-  // Every pair and row as one tile, through the whole-batch scratch.
-  static constexpr bool kAttentionScratch = true;
+  // The one-pass kernels up to kOnePassMaxHeadDim (scratch: delta); beyond,
+  // every pair and row as one tile of the steps, through the whole-batch scratch.
+  static constexpr AttentionScratchKind attention_scratch(std::int64_t head_dim) {
+    return gpu_attention_scratch(head_dim);
+  }
   void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
                          const AttentionScratch<T>& scratch) {
     AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
+    if (s.head_dim <= kOnePassMaxHeadDim) return ops.one_pass_forward(saved, qkv, out);
     attention_forward_steps<kCompute>(ops, s, qkv, out, saved);
   }
-  // d_bias (when given): d_qkv's column sums, after the steps (the CPU's order is not kept).
+  // d_bias (when given): d_qkv's column sums, after the kernels (the CPU's order is not kept).
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
                           const AttentionScratch<T>& scratch, float* d_bias = nullptr) {
     AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
-    attention_backward_steps<kCompute>(ops, s, d_out, d_qkv, saved);
+    if (s.head_dim <= kOnePassMaxHeadDim) {
+      ops.one_pass_backward(saved, d_out, d_qkv, scratch.delta);
+    } else {
+      attention_backward_steps<kCompute>(ops, s, d_out, d_qkv, saved);
+    }
     if (d_bias != nullptr) add_column_sums<kCompute>(d_qkv, d_bias, s.batch * s.seq, 3 * s.d_model(), stream_);
   }
   // Decoding with a key/value cache; the scores stay in shared memory, so `scores` is not used.

@@ -473,14 +473,20 @@ TEST(Transformer, HeadInTilesMatchesOneTile) {
 }
 
 // A dry run's activation figure is the graph's own; for a GPU it adds the
-// whole-batch attention scratch: S and dP [B, H, T, T] and the heads, dQ, dK
-// and dV [B, T, d], f32 here.
+// attention scratch: delta [B, H, T] for the one-pass kernels, or the whole
+// batch's: S and dP [B, H, T, T] and the heads, dQ, dK and dV [B, T, d], f32 here.
 TEST(Transformer, PlannedActivationBytesAreTheGraphsAndCountTheGpuAttentionScratch) {
   const ModelConfig c = lm_config(false);
   Harness h(c, 2, 5);
   EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5), h.model->activation_bytes());
-  const std::int64_t scratch = 4 * (2 * (2 * c.n_heads * 5 * 5) + 4 * (2 * 5 * c.d_model));
-  EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5, true), h.model->activation_bytes() + scratch);
+  const std::int64_t rows = 4 * (2 * c.n_heads * 5);
+  EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5, AttentionScratchKind::rows),
+            h.model->activation_bytes() + rows);
+  const std::int64_t whole = 4 * (2 * (2 * c.n_heads * 5 * 5) + 4 * (2 * 5 * c.d_model));
+  EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5, AttentionScratchKind::whole_batch),
+            h.model->activation_bytes() + whole);
+  EXPECT_EQ(gpu_attention_scratch(kOnePassMaxHeadDim), AttentionScratchKind::rows);
+  EXPECT_EQ(gpu_attention_scratch(kOnePassMaxHeadDim + 1), AttentionScratchKind::whole_batch);
 }
 
 TEST(TransformerTraining, LmOverfitsAFixedBatch) {
