@@ -1,6 +1,6 @@
 // Bias broadcast over the rows of a (batched, strided) row-major matrix: the
-// bias part of cuda::gemm (nn/cuda/matmul.h), which then adds the product with
-// beta = 1. Device pointers; asynchronous on `stream`.
+// bias part of cuda::gemm's fallback path (nn/cuda/matmul.h), which then adds
+// the product with beta = 1. Device pointers; asynchronous on `stream`.
 #pragma once
 
 #include <cuda_runtime_api.h>

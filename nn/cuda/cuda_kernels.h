@@ -59,7 +59,7 @@ class CudaKernels {
     add_column_sums<DType::f32>(dx, dx_sums, n, c, stream_);
   }
 
-  // y (+)= x W^T + b: one product (the bias broadcast first when given).
+  // y (+)= x W^T + b: one product, the bias and the accumulation in its epilogue (nn/cuda/matmul.h).
   // cuBLAS reads W as stored: the weights' version is not needed.
   template <class X, class Y>
   void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,

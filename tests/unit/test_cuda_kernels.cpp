@@ -7,10 +7,11 @@
 //     (norms, products, softmax, gradients) rtol 1e-4, atol 1e-5: only the
 //     order of the sums differs.
 //   16-bit outputs may differ by one rounding: bf16 rtol 1e-2, atol 1e-2;
-//     f16 rtol 2e-3, atol 2e-3. Outputs rounded twice on the GPU (a bias added
-//     to a 16-bit product, nn/cuda/matmul.h) or after a chain of 16-bit
-//     roundings (attention's backward) get twice to five times that. The
-//     key/value caches of decoding are copies: exact.
+//     f16 rtol 2e-3, atol 2e-3. Outputs rounded twice on the GPU (a product
+//     with a bias into a 16-bit output: the bias is rounded to its type
+//     first, nn/cuda/matmul.h) or after a chain of 16-bit roundings
+//     (attention's backward) get twice to five times that. The key/value
+//     caches of decoding are copies: exact.
 // Skips, saying why, where dtrain was built without CUDA or no GPU is visible.
 #include <gtest/gtest.h>
 
@@ -228,8 +229,104 @@ TYPED_TEST(CudaKernelParity, Linear) {
   this->expect_close(db2, Tolerance<cpu::F32Format>::kSum, "dbias from dy_f32");
 }
 
-// The GPU's one-pass kernels for each head dim they are compiled for (8 and
-// 32 -> 32, 64, 100 -> 128, zero-padded), with sequences that end inside a
+// The bias epilogue of cuda::gemm (nn/cuda/matmul.h) as the graph uses it:
+// into 16-bit and f32 outputs, with and without the accumulation, at an
+// output width that is a multiple of 8 and one that is not. Each product runs
+// twice, the second time with another bias and output: the plan made by the
+// first call is reused.
+TYPED_TEST(CudaKernelParity, LinearBias) {
+  using T = typename TestFixture::T;
+  using Tols = typename TestFixture::Tols;
+  const std::int64_t n = 19, in = 40;
+  for (const std::int64_t out : {std::int64_t{64}, std::int64_t{37}}) {
+    const auto seed = static_cast<std::uint32_t>(out);
+    auto x = this->template random<T>(n * in, seed), w = this->template random<T>(out * in, seed + 1, 0.2f);
+    std::vector<Twin<float>> biases;  // all alive at once: two bias pointers
+    for (std::uint32_t i = 0; i < 2; ++i) biases.push_back(this->template random<float>(out, seed + 2 + i, 1.0f + i));
+    for (std::size_t i = 0; i < biases.size(); ++i) {
+      const std::uint32_t s = seed + 10 * static_cast<std::uint32_t>(i + 1);
+      auto y = this->template filled<T>(n * out, 0.5f), r = this->template random<T>(n * out, s);
+      auto z = this->template filled<float>(n * out, 0.5f), a = this->template random<float>(n * out, s + 1);
+      Twin<float>& b = biases[i];
+      this->both([&](auto k, auto on) {
+        k.linear_forward(on(x), on(w), on(b), on(y), n, in, out, false);
+        k.linear_forward(on(x), on(w), on(b), on(r), n, in, out, true);
+        k.linear_forward(on(x), on(w), on(b), on(z), n, in, out, false);
+        k.linear_forward(on(x), on(w), on(b), on(a), n, in, out, true);
+      });
+      const std::string what = "out " + std::to_string(out) + ", call " + std::to_string(i + 1) + ": ";
+      this->expect_close(y, Tols::kChain, what + "y = x W^T + b");
+      this->expect_close(r, Tols::kChain, what + "y += x W^T + b");
+      this->expect_close(z, Tols::kSum, what + "f32 y = x W^T + b");
+      this->expect_close(a, Tols::kSum, what + "f32 y += x W^T + b");
+    }
+  }
+  // One plan per width, output type and accumulation: the second calls made none.
+  const cuda::Blas::PlanCounts plans = this->gpu_->blas().plan_counts();
+  EXPECT_EQ(plans.fused + plans.fallback, TestFixture::kF32 ? 4u : 8u);
+  int major = 0;
+  DTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major >= 8) {
+    EXPECT_EQ(plans.fallback, 0u) << "cuBLASLt had no bias epilogue for some of these products";
+  }
+}
+
+// Operands, bias and output at addresses only 2 (16-bit) or 4 (f32) bytes
+// aligned, as views into one allocation (the parameters) are: the plan's
+// algorithm must not need more (or the product falls back).
+TYPED_TEST(CudaKernelParity, LinearBiasUnaligned) {
+  using T = typename TestFixture::T;
+  using Tols = typename TestFixture::Tols;
+  const std::int64_t n = 9, in = 24, out = 40;
+  auto x = this->template random<T>(n * in + 1, 70), w = this->template random<T>(out * in + 1, 71, 0.2f);
+  auto b = this->template random<float>(out + 1, 72), y = this->template random<T>(n * out + 1, 73);
+  auto z = this->template random<float>(n * out + 1, 74);
+  this->both([&](auto k, auto on) {
+    k.linear_forward(on(x) + 1, on(w) + 1, on(b) + 1, on(y) + 1, n, in, out, true);
+    k.linear_forward(on(x) + 1, on(w) + 1, on(b) + 1, on(z) + 1, n, in, out, true);
+  });
+  this->expect_close(y, Tols::kChain, "y += x W^T + b");
+  this->expect_close(z, Tols::kSum, "f32 y += x W^T + b");
+}
+
+// cuda::gemm itself against cpu::gemm: batched products with one bias for
+// every item, a transposed B, padded rows and a padded batch stride in C
+// (the padding must stay as it was), into 16-bit and f32 outputs, with and
+// without the accumulation.
+TYPED_TEST(CudaKernelParity, BatchedGemmWithBias) {
+  using T = typename TestFixture::T;
+  using Tols = typename TestFixture::Tols;
+  constexpr DType kType = TypeParam::kDType;
+  cpu::Gemm g{.m = 6,
+              .n = 13,
+              .k = 9,
+              .trans_b = true,
+              .ldc = 16,
+              .batch = 3,
+              .stride_c = 6 * 16 + 8,
+              .a_type = kType,
+              .b_type = kType};
+  const auto c_elems = static_cast<std::size_t>(g.batch * g.stride_c);
+  auto a = this->template random<T>(g.batch * g.m * g.k, 80), b = this->template random<T>(g.batch * g.n * g.k, 81);
+  auto bias = this->template random<float>(g.n, 82);
+  for (const bool accumulate : {false, true}) {
+    g.accumulate = accumulate;
+    auto c = this->template random<T>(c_elems, 83), c32 = this->template random<float>(c_elems, 84);
+    for (const bool f32_c : {false, true}) {
+      g.c_type = f32_c ? DType::f32 : kType;
+      void* host_c = f32_c ? static_cast<void*>(c32.host.data()) : c.host.data();
+      void* gpu_c = f32_c ? static_cast<void*>(c32.gpu.data()) : c.gpu.data();
+      cpu::gemm(g, a.host.data(), b.host.data(), host_c, bias.host.data());
+      cuda::gemm(this->gpu_->blas(), g, a.gpu.data(), b.gpu.data(), gpu_c, bias.gpu.data(), this->gpu_->stream());
+    }
+    const std::string what = accumulate ? "C += " : "C = ";
+    this->expect_close(c, Tols::kChain, what + "A B^T + bias, batched");
+    this->expect_close(c32, Tols::kSum, what + "A B^T + bias, batched, f32 C");
+  }
+}
+
+// The GPU's one-pass kernels for each head dim they are compiled for (8, 32 and
+// 64 -> 64, 100 -> 128, zero-padded), with sequences that end inside a
 // block of 64 query rows and inside a tile of 32 keys, given only the scratch
 // they use (delta); and beyond kOnePassMaxHeadDim the tiled steps over the
 // whole-batch scratch.
