@@ -30,12 +30,16 @@ struct AttentionGroup {
 // CPU), delta alone (the GPU's one-pass kernels), or the whole batch's.
 enum class AttentionScratchKind { none, rows, whole_batch };
 
-// The GPU's one-pass attention kernels (nn/cuda/attention.h) take head dims
-// up to this; beyond it, the GPU runs the tiled steps over the whole-batch
-// scratch (the [B, H, T, T] members of nn/attention.h's AttentionScratch).
+// The GPU's attention for `pairs` (batch x heads) of seq x head_dim: the
+// tiled steps over the whole-batch scratch (cuBLAS products; on an H200 the
+// faster at every size measured) while its f32 S and dP, 8 * pairs * seq^2
+// bytes, fit in attention_scratch_limit(); beyond, the one-pass kernels
+// (nn/cuda/attention.h), which keep no [T, T] tensor, where the head dim is
+// at most kOnePassMaxHeadDim. The kernel set runs the one-pass kernels
+// exactly when the scratch it is given has no scores.
 constexpr std::int64_t kOnePassMaxHeadDim = 128;
-constexpr AttentionScratchKind gpu_attention_scratch(std::int64_t head_dim) {
-  return head_dim <= kOnePassMaxHeadDim ? AttentionScratchKind::rows : AttentionScratchKind::whole_batch;
-}
+AttentionScratchKind gpu_attention_scratch(std::int64_t pairs, std::int64_t seq, std::int64_t head_dim);
+// DTRAIN_ATTENTION_SCRATCH_MB (MiB) if set, else 1024 MiB, in bytes; read once.
+std::int64_t attention_scratch_limit();
 
 }  // namespace dtrain::nn

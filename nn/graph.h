@@ -16,7 +16,7 @@
 //   mean_pool_{forward,backward}, cross_entropy_{forward,backward}
 // with the argument lists of the CPU functions in nn/ (device pointers);
 // optionally attention_cached, which decode() needs (the CPU's has it);
-// and attention_scratch(head_dim): what of the attention scratch
+// and attention_scratch(pairs, seq, head_dim): what of the attention scratch
 // (AttentionScratch, nn/attention.h) the graph allocates for its attention.
 //
 // The definitions are in graph_forward.h and graph_backward.h; a device's

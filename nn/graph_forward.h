@@ -20,7 +20,8 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
                 std::int64_t batch, std::int64_t seq_len)
     : Model(config, batch, seq_len), device_(device), k_(std::move(kernels)), layout_(layout),
       acts_(device, config, batch, seq_len,
-            K::attention_scratch(config.n_heads > 0 ? config.d_model / config.n_heads : 0)),
+            K::attention_scratch(batch * config.n_heads, seq_len,
+                                 config.n_heads > 0 ? config.d_model / config.n_heads : 0)),
       inputs_(device, config.input == ModelConfig::Input::tokens ? static_cast<std::size_t>(batch * seq_len) : 0,
               config.input == ModelConfig::Input::patches
                   ? static_cast<std::size_t>(batch * seq_len * config.patch_dim)

@@ -152,7 +152,7 @@ class Model {
 // What Model::activation_bytes() of this model would be, computed without
 // allocating: a dry run's figure. The buffers are the same on every device
 // but for the attention scratch a GPU's kernel set asks for (attention_scratch:
-// nn::gpu_attention_scratch of the head dim on a GPU).
+// nn::gpu_attention_scratch on a GPU).
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout,
                                       std::int64_t batch, std::int64_t seq_len,
                                       AttentionScratchKind attention_scratch = AttentionScratchKind::none);

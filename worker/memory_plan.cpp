@@ -62,7 +62,9 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   plan.on_device = c.device() == "cuda";
   plan.activation_bytes = nn::planned_activation_bytes(
       model, layout, c.train().micro_batch_size(), seq_len,
-      plan.on_device ? nn::gpu_attention_scratch(model.d_model / std::max(model.n_heads, std::int64_t{1})) : nn::AttentionScratchKind::none);
+      plan.on_device ? nn::gpu_attention_scratch(c.train().micro_batch_size() * model.n_heads, seq_len,
+                                                 model.d_model / std::max(model.n_heads, std::int64_t{1}))
+                     : nn::AttentionScratchKind::none);
   plan.loader_bytes = loader_bytes(c, seq_len, c.data().prefetch()) + loader_bytes(c, seq_len, 0);
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
   // On the host, every linear's forward and input-gradient products keep a

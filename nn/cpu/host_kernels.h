@@ -67,7 +67,8 @@ class HostKernels {
   }
 
   // The CPU works in per-thread tiles: it takes no scratch.
-  static constexpr AttentionScratchKind attention_scratch(std::int64_t /*head_dim*/) {
+  static AttentionScratchKind attention_scratch(std::int64_t /*pairs*/, std::int64_t /*seq*/,
+                                                std::int64_t /*head_dim*/) {
     return AttentionScratchKind::none;
   }
   // Untimed here: the tile loop and its products time themselves.

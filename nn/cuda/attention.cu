@@ -201,10 +201,10 @@ __global__ void __launch_bounds__(kFlashRows)
     flash_forward_kernel(const Storage<D>* q, const Storage<D>* k, const Storage<D>* v, Storage<D>* out,
                          float* lse, FlashLayout at, bool causal, float scale) {
   __shared__ float ks[kFlashKeys][HD], vs[kFlashKeys][HD];
-  __shared__ float scores[kFlashRows][kFlashKeys + 1];  // each thread's own row; padded against bank conflicts
+  __shared__ float row_scores[kFlashRows][kFlashKeys + 1];  // each thread's own; padded against bank conflicts
   const std::int64_t pair = blockIdx.x, i = blockIdx.y * std::int64_t{kFlashRows} + threadIdx.x;
   const bool active = i < at.seq;
-  float* s = scores[threadIdx.x];
+  float* s = row_scores[threadIdx.x];
   float qr[HD], acc[HD];
   load_row<D, HD>(q + at.head_row(pair, active ? i : 0), at.hd, qr);
 #pragma unroll

@@ -80,22 +80,23 @@ class CudaKernels {
     add_column_sums<format<X>>(dy, db, n, out, stream_);
   }
 
-  // The one-pass kernels up to kOnePassMaxHeadDim (scratch: delta); beyond,
-  // every pair and row as one tile of the steps, through the whole-batch scratch.
-  static constexpr AttentionScratchKind attention_scratch(std::int64_t head_dim) {
-    return gpu_attention_scratch(head_dim);
+  // Every pair and row as one tile of the steps, through the whole-batch
+  // scratch, or, where that scratch would be too large (gpu_attention_scratch:
+  // the graph then allocates delta alone), the one-pass kernels.
+  static AttentionScratchKind attention_scratch(std::int64_t pairs, std::int64_t seq, std::int64_t head_dim) {
+    return gpu_attention_scratch(pairs, seq, head_dim);
   }
   void attention_forward(const AttentionShape& s, const T* qkv, T* out, const AttentionSaved<T>& saved,
                          const AttentionScratch<T>& scratch) {
     AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
-    if (s.head_dim <= kOnePassMaxHeadDim) return ops.one_pass_forward(saved, qkv, out);
+    if (scratch.scores == nullptr) return ops.one_pass_forward(saved, qkv, out);
     attention_forward_steps<kCompute>(ops, s, qkv, out, saved);
   }
   // d_bias (when given): d_qkv's column sums, after the kernels (the CPU's order is not kept).
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
                           const AttentionScratch<T>& scratch, float* d_bias = nullptr) {
     AttentionOps<kCompute> ops(*blas_, s, stream_, scratch);
-    if (s.head_dim <= kOnePassMaxHeadDim) {
+    if (scratch.scores == nullptr) {
       ops.one_pass_backward(saved, d_out, d_qkv, scratch.delta);
     } else {
       attention_backward_steps<kCompute>(ops, s, d_out, d_qkv, saved);

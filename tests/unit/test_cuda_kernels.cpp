@@ -325,52 +325,52 @@ TYPED_TEST(CudaKernelParity, BatchedGemmWithBias) {
   }
 }
 
-// The GPU's one-pass kernels for each head dim they are compiled for (8, 32 and
-// 64 -> 64, 100 -> 128, zero-padded), with sequences that end inside a
-// block of 64 query rows and inside a tile of 32 keys, given only the scratch
-// they use (delta); and beyond kOnePassMaxHeadDim the tiled steps over the
-// whole-batch scratch.
+// Both of the GPU's ways: the tiled steps over the whole-batch scratch, and
+// the one-pass kernels (given only the scratch they use, delta, as the graph
+// allocates it), for each head dim those are compiled for (8, 32 and 64 ->
+// 64, 100 -> 128, zero-padded), with sequences that end inside a block of 64
+// query rows and inside a tile of 32 keys; beyond kOnePassMaxHeadDim, tiled only.
 TYPED_TEST(CudaKernelParity, Attention) {
   using T = typename TestFixture::T;
   using Tols = typename TestFixture::Tols;
   const AttentionShape shapes[] = {{2, 16, 2, 8, false}, {1, 37, 3, 32, false}, {1, 100, 2, 64, false},
                                    {2, 70, 1, 100, false}, {1, 20, 1, kOnePassMaxHeadDim + 8, false}};
   for (const AttentionShape& shape : shapes) {
-    for (const bool causal : {false, true}) {
-      AttentionShape s = shape;
-      s.causal = causal;
-      const bool one_pass = gpu_attention_scratch(s.head_dim) == AttentionScratchKind::rows;
-      const auto he = static_cast<std::size_t>(s.head_elems()), se = static_cast<std::size_t>(s.score_elems());
-      const auto re = static_cast<std::size_t>(s.row_elems());
-      auto qkv = this->template random<T>(3 * he, 10), d_out = this->template random<T>(he, 11);
-      auto out = this->template filled<T>(he, 0), d_qkv = this->template filled<T>(3 * he, 0);
-      auto q = this->template filled<T>(he, 0), kk = this->template filled<T>(he, 0);
-      auto v = this->template filled<T>(he, 0), lse = this->template filled<float>(re, 0);
-      auto scores = this->template filled<float>(se, 0), dp = this->template filled<float>(se, 0);
-      auto probs = this->template filled<T>(se, 0), d_scores = this->template filled<T>(se, 0);
-      auto heads = this->template filled<T>(he, 0), dq = this->template filled<float>(he, 0);
-      auto dk = this->template filled<float>(he, 0), dv = this->template filled<float>(he, 0);
-      auto delta = this->template filled<float>(re, 0);
-      this->both([&](auto k, auto on) {
-        const AttentionSaved<T> saved{on(q), on(kk), on(v), on(lse)};
-        AttentionScratch<T> scratch{on(scores), on(dp),     on(probs), on(d_scores), on(heads),
-                                    on(dq),     on(dk),     on(dv),    on(delta)};
-        if constexpr (TestFixture::kF32) {  // as the graph passes them: P over S, dS over dP
-          scratch.probs = on(scores);
-          scratch.d_scores = on(dp);
-        }
-        if (one_pass) {  // only delta, as the graph allocates it
-          scratch = AttentionScratch<T>{};
-          scratch.delta = on(delta);
-        }
-        k.attention_forward(s, on(qkv), on(out), saved, scratch);
-        k.attention_backward(s, on(d_out), on(d_qkv), saved, scratch);
-      });
-      const std::string what = fmt::format("{}T {} hd {} ({}): ", causal ? "causal " : "", s.seq, s.head_dim,
-                                           one_pass ? "one pass" : "tiled");
-      this->expect_close(lse, Tolerance<cpu::F32Format>::kSum, what + "lse");
-      this->expect_close(out, Tols::kSum, what + "out");
-      this->expect_close(d_qkv, Tols::kChain, what + "d_qkv");
+    for (const bool one_pass : {false, true}) {
+      if (one_pass && shape.head_dim > kOnePassMaxHeadDim) continue;
+      for (const bool causal : {false, true}) {
+        AttentionShape s = shape;
+        s.causal = causal;
+        const auto he = static_cast<std::size_t>(s.head_elems()), se = static_cast<std::size_t>(s.score_elems());
+        const auto re = static_cast<std::size_t>(s.row_elems());
+        auto qkv = this->template random<T>(3 * he, 10), d_out = this->template random<T>(he, 11);
+        auto out = this->template filled<T>(he, 0), d_qkv = this->template filled<T>(3 * he, 0);
+        auto q = this->template filled<T>(he, 0), kk = this->template filled<T>(he, 0);
+        auto v = this->template filled<T>(he, 0), lse = this->template filled<float>(re, 0);
+        auto scores = this->template filled<float>(se, 0), dp = this->template filled<float>(se, 0);
+        auto probs = this->template filled<T>(se, 0), d_scores = this->template filled<T>(se, 0);
+        auto heads = this->template filled<T>(he, 0), dq = this->template filled<float>(he, 0);
+        auto dk = this->template filled<float>(he, 0), dv = this->template filled<float>(he, 0);
+        auto delta = this->template filled<float>(re, 0);
+        this->both([&](auto k, auto on) {
+          const AttentionSaved<T> saved{on(q), on(kk), on(v), on(lse)};
+          AttentionScratch<T> scratch{};
+          if (one_pass) {
+            scratch.delta = on(delta);
+          } else if constexpr (TestFixture::kF32) {  // as the graph passes them: P over S, dS over dP
+            scratch = {on(scores), on(dp), on(scores), on(dp), on(heads), on(dq), on(dk), on(dv), nullptr};
+          } else {
+            scratch = {on(scores), on(dp), on(probs), on(d_scores), on(heads), on(dq), on(dk), on(dv), nullptr};
+          }
+          k.attention_forward(s, on(qkv), on(out), saved, scratch);
+          k.attention_backward(s, on(d_out), on(d_qkv), saved, scratch);
+        });
+        const std::string what = fmt::format("{}T {} hd {} ({}): ", causal ? "causal " : "", s.seq, s.head_dim,
+                                             one_pass ? "one pass" : "tiled");
+        this->expect_close(lse, Tolerance<cpu::F32Format>::kSum, what + "lse");
+        this->expect_close(out, Tols::kSum, what + "out");
+        this->expect_close(d_qkv, Tols::kChain, what + "d_qkv");
+      }
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <ostream>
@@ -485,8 +486,19 @@ TEST(Transformer, PlannedActivationBytesAreTheGraphsAndCountTheGpuAttentionScrat
   const std::int64_t whole = 4 * (2 * (2 * c.n_heads * 5 * 5) + 4 * (2 * 5 * c.d_model));
   EXPECT_EQ(planned_activation_bytes(c, h.layout, 2, 5, AttentionScratchKind::whole_batch),
             h.model->activation_bytes() + whole);
-  EXPECT_EQ(gpu_attention_scratch(kOnePassMaxHeadDim), AttentionScratchKind::rows);
-  EXPECT_EQ(gpu_attention_scratch(kOnePassMaxHeadDim + 1), AttentionScratchKind::whole_batch);
+}
+
+// The GPU's choice: the whole-batch scratch while its S and dP fit in the
+// limit (1 GiB unless DTRAIN_ATTENTION_SCRATCH_MB), else the one-pass
+// kernels, which take head dims up to kOnePassMaxHeadDim.
+TEST(Transformer, GpuAttentionScratchIsWholeBatchUpToItsLimit) {
+  if (std::getenv("DTRAIN_ATTENTION_SCRATCH_MB") != nullptr) GTEST_SKIP() << "DTRAIN_ATTENTION_SCRATCH_MB is set";
+  EXPECT_EQ(attention_scratch_limit(), std::int64_t{1} << 30);
+  EXPECT_EQ(gpu_attention_scratch(64, 1024, 64), AttentionScratchKind::whole_batch);  // 512 MiB
+  EXPECT_EQ(gpu_attention_scratch(128, 1024, 64), AttentionScratchKind::whole_batch);  // exactly 1 GiB
+  EXPECT_EQ(gpu_attention_scratch(129, 1024, 64), AttentionScratchKind::rows);
+  EXPECT_EQ(gpu_attention_scratch(1, 16384, kOnePassMaxHeadDim), AttentionScratchKind::rows);  // 2 GiB
+  EXPECT_EQ(gpu_attention_scratch(1, 16384, kOnePassMaxHeadDim + 1), AttentionScratchKind::whole_batch);
 }
 
 TEST(TransformerTraining, LmOverfitsAFixedBatch) {
