@@ -6,7 +6,8 @@
 #      targets below;
 #   2. runs the kernel parity tests (tests/unit/test_cuda_kernels.cpp: every
 #      member of the CUDA kernel set against the CPU's, f32/bf16/f16, within
-#      stated tolerances; test_cuda_device.cpp: the device's memory, fences
+#      stated tolerances; again under compute-sanitizer's memcheck where it
+#      is installed; test_cuda_device.cpp: the device's memory, fences
 #      and engine kernels), the NCCL collectives and fences at world size 1
 #      (test_comm_nccl) and the `device: cuda` trainer against the CPU one
 #      (tests/unit/test_cuda_training.cpp: 20 steps per precision and model,
@@ -125,6 +126,10 @@ else
 fi
 if $built; then
   run_step cuda-kernels "$build/tests/test_cuda_kernels"
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+  if [[ -n $sanitizer ]]; then  # out-of-bounds and misaligned accesses of every kernel the parity tests run
+    run_step cuda-kernels-memcheck "$sanitizer" --tool memcheck --error-exitcode 1 "$build/tests/test_cuda_kernels"
+  fi
   run_step cuda-device "$build/tests/test_cuda_device"
   run_step nccl-world-of-one "$build/tests/test_comm_nccl"
   run_step cuda-training "$build/tests/test_cuda_training"

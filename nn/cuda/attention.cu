@@ -482,7 +482,10 @@ void AttentionOps<D>::cached(std::int64_t first, std::int64_t capacity, const T*
   const std::int64_t elems = seq_ * heads_ * head_dim_;
   detail::launch(append_kv_kernel<T>, elems, stream_, qkv, k_cache, v_cache, heads_, head_dim_, first, capacity,
                  elems);
-  const auto bytes = static_cast<std::size_t>(first + seq_) * sizeof(float);
+  // Rounded up to 16 bytes: the compiled kernel reads the scores with vector
+  // loads that may reach past the last one to the end of its 16 bytes
+  // (compute-sanitizer's memcheck flagged such reads at 9 scores).
+  const auto bytes = static_cast<std::size_t>((first + seq_ + 3) / 4 * 4) * sizeof(float);
   if (bytes > 48 * 1024) {  // past the default: opt in (up to what the GPU has; an error names it beyond)
     DTRAIN_CUDA_CHECK(cudaFuncSetAttribute(attend_cached_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));
