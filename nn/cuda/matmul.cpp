@@ -246,26 +246,15 @@ bool Blas::run_fused(const Gemm& g, const void* a, const void* b, void* c, const
   const auto bytes = [&](std::int64_t stride, DType t) {
     return batched ? stride * static_cast<std::int64_t>(dtype_size(t)) : 0;
   };
-  const PlanKey key{.m = g.m,
-                    .n = g.n,
-                    .k = g.k,
-                    .lda = d.lda,
-                    .ldb = d.ldb,
-                    .ldc = d.ldc,
-                    .batch = g.batch,
-                    .stride_a = batched ? d.stride_a : 0,
-                    .stride_b = batched ? d.stride_b : 0,
-                    .stride_c = batched ? d.stride_c : 0,
-                    .trans_a = g.trans_a,
-                    .trans_b = g.trans_b,
-                    .accumulate = g.accumulate,
-                    .a_type = g.a_type,
-                    .b_type = g.b_type,
-                    .c_type = g.c_type,
-                    .align_a = alignment(a, bytes(d.stride_a, g.a_type)),
-                    .align_b = alignment(b, bytes(d.stride_b, g.b_type)),
-                    .align_c = alignment(c, bytes(d.stride_c, g.c_type)),
-                    .align_bias = alignment(lt_bias)};
+  const std::int64_t none = 0;  // a single item's strides do not matter
+  const PlanKey key{
+      .m = g.m, .n = g.n, .k = g.k, .lda = d.lda, .ldb = d.ldb, .ldc = d.ldc, .batch = g.batch,
+      .stride_a = batched ? d.stride_a : none, .stride_b = batched ? d.stride_b : none,
+      .stride_c = batched ? d.stride_c : none,
+      .trans_a = g.trans_a, .trans_b = g.trans_b, .accumulate = g.accumulate,
+      .a_type = g.a_type, .b_type = g.b_type, .c_type = g.c_type,
+      .align_a = alignment(a, bytes(d.stride_a, g.a_type)), .align_b = alignment(b, bytes(d.stride_b, g.b_type)),
+      .align_c = alignment(c, bytes(d.stride_c, g.c_type)), .align_bias = alignment(lt_bias)};
   auto it = plans_.find(key);
   if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, key, lt_bias)).first;
   Plan& plan = *it->second;
