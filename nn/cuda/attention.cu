@@ -391,6 +391,11 @@ void with_head_dim(std::int64_t hd, Fn fn) {
 
 unsigned row_grid(std::int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// The one-pass kernels' grid: (pairs, blocks of kFlashRows rows).
+dim3 flash_grid(std::int64_t pairs, std::int64_t seq) {
+  return dim3(static_cast<unsigned>(pairs), static_cast<unsigned>((seq + kFlashRows - 1) / kFlashRows));
+}
+
 }  // namespace
 
 template <DType D>
@@ -422,16 +427,16 @@ void AttentionOps<D>::write_grads(const AttentionGroup<T>& g, T* d_qkv) {
 template <DType D>
 void AttentionOps<D>::softmax(const AttentionGroup<T>& g, const AttentionTile& t) {
   const std::int64_t rows = g.pairs * t.rows;
-  const TileRows tile{seq_, t.row0, t.rows, t.keys, causal_};
-  softmax_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.scores, g.probs, g.lse, rows, tile);
+  softmax_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.scores, g.probs, g.lse, rows,
+                                                                 TileRows{seq_, t.row0, t.rows, t.keys, causal_});
   DTRAIN_CUDA_LAUNCHED();
 }
 
 template <DType D>
 void AttentionOps<D>::probs(const AttentionGroup<T>& g, const AttentionTile& t) {
   const std::int64_t rows = g.pairs * t.rows;
-  const TileRows tile{seq_, t.row0, t.rows, t.keys, causal_};
-  probs_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.scores, g.lse, g.probs, rows, tile);
+  probs_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.scores, g.lse, g.probs, rows,
+                                                               TileRows{seq_, t.row0, t.rows, t.keys, causal_});
   DTRAIN_CUDA_LAUNCHED();
 }
 
@@ -445,7 +450,7 @@ void AttentionOps<D>::softmax_backward(const AttentionGroup<T>& g, const Attenti
 template <DType D>
 void AttentionOps<D>::launch_one_pass_forward(const T* q, const T* k, const T* v, T* out, float* lse) {
   const FlashLayout at{heads_, seq_, head_dim_};
-  const dim3 grid(static_cast<unsigned>(batch_ * heads_), static_cast<unsigned>((seq_ + kFlashRows - 1) / kFlashRows));
+  const dim3 grid = flash_grid(batch_ * heads_, seq_);
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim_));
   with_head_dim(head_dim_, [&](auto hd) {
     flash_forward_kernel<D, hd.value><<<grid, kFlashRows, 0, stream_>>>(q, k, v, out, lse, at, causal_, scale);
@@ -457,7 +462,7 @@ template <DType D>
 void AttentionOps<D>::launch_one_pass_backward(const T* q, const T* k, const T* v, const float* lse,
                                                const T* d_out, T* d_qkv, float* delta) {
   const FlashLayout at{heads_, seq_, head_dim_};
-  const dim3 grid(static_cast<unsigned>(batch_ * heads_), static_cast<unsigned>((seq_ + kFlashRows - 1) / kFlashRows));
+  const dim3 grid = flash_grid(batch_ * heads_, seq_);
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim_));
   with_head_dim(head_dim_, [&](auto hd) {
     flash_backward_dq_kernel<D, hd.value>
