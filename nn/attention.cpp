@@ -340,19 +340,20 @@ void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t 
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 
+std::int64_t attention_scratch_limit(const char* mb) {
+  return (mb != nullptr && *mb != '\0' ? std::atoll(mb) : std::int64_t{1024}) << 20;
+}
+
 std::int64_t attention_scratch_limit() {
-  static const std::int64_t limit = [] {
-    const char* mb = std::getenv("DTRAIN_ATTENTION_SCRATCH_MB");
-    return (mb != nullptr && *mb != '\0' ? std::atoll(mb) : std::int64_t{1024}) << 20;
-  }();
+  static const std::int64_t limit = attention_scratch_limit(std::getenv("DTRAIN_ATTENTION_SCRATCH_MB"));
   return limit;
 }
 
-AttentionScratchKind gpu_attention_scratch(std::int64_t pairs, std::int64_t seq, std::int64_t head_dim) {
+AttentionScratchKind gpu_attention_scratch(std::int64_t pairs, std::int64_t seq, std::int64_t head_dim,
+                                           std::int64_t limit) {
   if (head_dim > kOnePassMaxHeadDim) return AttentionScratchKind::whole_batch;
   const double whole = 8.0 * static_cast<double>(pairs) * static_cast<double>(seq) * static_cast<double>(seq);
-  return whole <= static_cast<double>(attention_scratch_limit()) ? AttentionScratchKind::whole_batch
-                                                                  : AttentionScratchKind::rows;
+  return whole <= static_cast<double>(limit) ? AttentionScratchKind::whole_batch : AttentionScratchKind::rows;
 }
 
 }  // namespace dtrain::nn

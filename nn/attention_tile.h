@@ -38,8 +38,11 @@ enum class AttentionScratchKind { none, rows, whole_batch };
 // at most kOnePassMaxHeadDim. The kernel set runs the one-pass kernels
 // exactly when the scratch it is given has no scores.
 constexpr std::int64_t kOnePassMaxHeadDim = 128;
-AttentionScratchKind gpu_attention_scratch(std::int64_t pairs, std::int64_t seq, std::int64_t head_dim);
 // DTRAIN_ATTENTION_SCRATCH_MB (MiB) if set, else 1024 MiB, in bytes; read once.
 std::int64_t attention_scratch_limit();
+// The limit a DTRAIN_ATTENTION_SCRATCH_MB value `mb` (null or empty: unset) sets, in bytes.
+std::int64_t attention_scratch_limit(const char* mb);
+AttentionScratchKind gpu_attention_scratch(std::int64_t pairs, std::int64_t seq, std::int64_t head_dim,
+                                           std::int64_t limit = attention_scratch_limit());
 
 }  // namespace dtrain::nn

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <ostream>
@@ -492,13 +491,17 @@ TEST(Transformer, PlannedActivationBytesAreTheGraphsAndCountTheGpuAttentionScrat
 // limit (1 GiB unless DTRAIN_ATTENTION_SCRATCH_MB), else the one-pass
 // kernels, which take head dims up to kOnePassMaxHeadDim.
 TEST(Transformer, GpuAttentionScratchIsWholeBatchUpToItsLimit) {
-  if (std::getenv("DTRAIN_ATTENTION_SCRATCH_MB") != nullptr) GTEST_SKIP() << "DTRAIN_ATTENTION_SCRATCH_MB is set";
-  EXPECT_EQ(attention_scratch_limit(), std::int64_t{1} << 30);
-  EXPECT_EQ(gpu_attention_scratch(64, 1024, 64), AttentionScratchKind::whole_batch);  // 512 MiB
-  EXPECT_EQ(gpu_attention_scratch(128, 1024, 64), AttentionScratchKind::whole_batch);  // exactly 1 GiB
-  EXPECT_EQ(gpu_attention_scratch(129, 1024, 64), AttentionScratchKind::rows);
-  EXPECT_EQ(gpu_attention_scratch(1, 16384, kOnePassMaxHeadDim), AttentionScratchKind::rows);  // 2 GiB
-  EXPECT_EQ(gpu_attention_scratch(1, 16384, kOnePassMaxHeadDim + 1), AttentionScratchKind::whole_batch);
+  const std::int64_t gib = attention_scratch_limit(nullptr);
+  EXPECT_EQ(gib, std::int64_t{1} << 30);
+  EXPECT_EQ(attention_scratch_limit(""), gib);
+  EXPECT_EQ(attention_scratch_limit("0"), 0);
+  EXPECT_EQ(attention_scratch_limit("64"), std::int64_t{64} << 20);
+  EXPECT_EQ(gpu_attention_scratch(64, 1024, 64, gib), AttentionScratchKind::whole_batch);  // 512 MiB
+  EXPECT_EQ(gpu_attention_scratch(128, 1024, 64, gib), AttentionScratchKind::whole_batch);  // exactly 1 GiB
+  EXPECT_EQ(gpu_attention_scratch(129, 1024, 64, gib), AttentionScratchKind::rows);
+  EXPECT_EQ(gpu_attention_scratch(1, 16384, kOnePassMaxHeadDim, gib), AttentionScratchKind::rows);  // 2 GiB
+  EXPECT_EQ(gpu_attention_scratch(1, 16384, kOnePassMaxHeadDim + 1, gib), AttentionScratchKind::whole_batch);
+  EXPECT_EQ(gpu_attention_scratch(1, 16, 64, 0), AttentionScratchKind::rows);  // a limit of 0: always one pass
 }
 
 TEST(TransformerTraining, LmOverfitsAFixedBatch) {
