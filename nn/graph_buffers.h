@@ -38,8 +38,8 @@ struct GraphActivations {
   F32 d_resid, d_tmp, d_branch, d_lnf, d_pooled;
   F32 d_resid_sums;  // [d]: d_resid's column sums, as the layernorm backward that wrote it left them
   Store d_resid16, d_h, d_attn, d_qkv, d_logits16;  // *16: only when T is 16-bit
-  // Whole-batch attention scratch, for a kernel set that asks for it
-  // (nn/attention.h AttentionScratch); empty otherwise.
+  // Attention scratch, as far as the kernel set asks for it (nn/attention.h
+  // AttentionScratch): the whole batch's, or delta alone; empty otherwise.
   F32 scores, dp, dq, dk, dv, delta;
   Store heads, probs16, d_scores16;  // *16: only when T is 16-bit
 
@@ -109,8 +109,8 @@ struct GraphActivations {
                            &d_logits16}) {
       n += s->bytes();
     }
-    for (const F32* s : {&scores, &dp, &dq, &dk, &dv, &delta, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits, &d_resid,
-                         &d_tmp, &d_branch, &d_lnf, &d_pooled, &d_resid_sums}) {
+    for (const F32* s : {&scores, &dp, &dq, &dk, &dv, &delta, &lnf_mean, &lnf_rstd, &lnf32, &pooled, &logits,
+                         &d_resid, &d_tmp, &d_branch, &d_lnf, &d_pooled, &d_resid_sums}) {
       n += s->bytes();
     }
     return static_cast<std::int64_t>(n);
