@@ -55,8 +55,7 @@ double sum_of_squares(const float* x, std::int64_t n) {
   for (std::int64_t c = 0; c < n; c += kChunk) {
     const float* chunk = x + c;
     cpu::LaneSums partial;
-    cpu::for_lanes(c + kChunk < n ? kChunk : n - c,
-                   [&](std::int64_t i, int lane) { partial.lane[lane] += chunk[i] * chunk[i]; });
+    partial.add(c + kChunk < n ? kChunk : n - c, [&](auto at) { return at(chunk) * at(chunk); });
     total += partial.total();
   }
   return total;

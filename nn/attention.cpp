@@ -227,10 +227,8 @@ struct HostOps {
       const std::int64_t valid = this->valid(tile, i);
       const float mx = cpu::max_of(e, valid);
       cpu::LaneSums lanes;
-      cpu::for_lanes(valid, [&](std::int64_t j, int lane) {
-        e[j] = cpu::fast_exp(e[j] - mx);
-        lanes.lane[lane] += e[j];
-      });
+      for (std::int64_t j = 0; j < valid; ++j) e[j] = cpu::fast_exp(e[j] - mx);
+      lanes.add(valid, [&](auto at) { return at(e); });
       const float sum = lanes.total(), inv = 1.0f / sum;
       for (std::int64_t j = 0; j < valid; ++j) p[j] = F::store(e[j] * inv);
       for (std::int64_t j = valid; j < tile.keys; ++j) p[j] = F::store(0.0f);
@@ -258,7 +256,7 @@ struct HostOps {
       T* out = g.d_scores + i * tile.keys;
       const std::int64_t valid = this->valid(tile, i);
       cpu::LaneSums lanes;
-      cpu::for_lanes(valid, [&](std::int64_t j, int lane) { lanes.lane[lane] += F::load(pr[j]) * dr[j]; });
+      lanes.add(valid, [&](auto at) { return at(pr, F::load) * at(dr); });
       const float dot = lanes.total();
       for (std::int64_t j = 0; j < valid; ++j) out[j] = F::store(F::load(pr[j]) * (dr[j] - dot));
       for (std::int64_t j = valid; j < tile.keys; ++j) out[j] = F::store(0.0f);

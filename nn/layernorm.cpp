@@ -17,12 +17,12 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, t
     const float* xi = x + i * c;
     typename F::T* yi = y + i * c;
     cpu::LaneSums sum;
-    cpu::for_lanes(c, [&](std::int64_t j, int lane) { sum.lane[lane] += xi[j]; });
+    sum.add(c, [&](auto at) { return at(xi); });
     const float m = sum.total() / static_cast<float>(c);
     cpu::LaneSums var;
-    cpu::for_lanes(c, [&](std::int64_t j, int lane) {
-      const float d = xi[j] - m;
-      var.lane[lane] += d * d;
+    var.add(c, [&](auto at) {
+      const auto d = at(xi) - m;
+      return d * d;
     });
     const float s = 1.0f / std::sqrt(var.total() / static_cast<float>(c) + kLayerNormEps);
     for (std::int64_t j = 0; j < c; ++j) yi[j] = F::store((xi[j] - m) * s * weight[j] + bias[j]);
@@ -53,14 +53,12 @@ void layernorm_backward(const float* dy, const float* x, const float* weight, co
     const float m = mean[i];
     const float s = rstd[i];
     cpu::LaneSums sum_g, sum_gx;
-    cpu::for_lanes(c, [&](std::int64_t j, int lane) {
-      const float xhat = (xi[j] - m) * s;
-      const float g = dyi[j] * weight[j];
-      sum_g.lane[lane] += g;
-      sum_gx.lane[lane] += g * xhat;
-      dweight[j] += dyi[j] * xhat;
+    sum_g.add(c, [&](auto at) { return at(dyi) * at(weight); });
+    sum_gx.add(c, [&](auto at) { return at(dyi) * at(weight) * ((at(xi) - m) * s); });
+    for (std::int64_t j = 0; j < c; ++j) {
+      dweight[j] += dyi[j] * ((xi[j] - m) * s);
       dbias[j] += dyi[j];
-    });
+    }
     const float mean_g = sum_g.total() * inv_c;
     const float mean_gx = sum_gx.total() * inv_c;
     // One loop per case, each vectorised without a branch inside.

@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 namespace dtrain::nn::cpu {
 
@@ -56,39 +57,75 @@ inline float fast_erf(float x) {
   return y > 1.0f ? 1.0f : (y < -1.0f ? -1.0f : y);
 }
 
-// Sums over a row in eight lanes (element j goes to lane j mod 8, the tail
-// to lanes 0, 1, ...), added in one fixed order at the end: GCC keeps each
-// lane in a SIMD register, where one running float sum would be a chain of
-// dependent scalar adds (reassociating it needs -ffast-math). The total
-// depends on the row alone, never on threads.
+// Sums over a row in eight lanes (term j goes to lane j mod 8, the tail to
+// lanes 0, 1, ...), added in one fixed order at the end: one running float
+// sum would be a chain of dependent scalar adds (reassociating it needs
+// -ffast-math). The lanes are one SIMD register (GCC's vector extension),
+// and a term is written once for a block of eight and for one element of
+// the tail: kept as eight floats added one term at a time, GCC shuffled
+// every term into its lane (LayerNorm's forward took 0.92 ns per element,
+// 0.30 this way; its backward 1.10, 0.47). The total depends on the row
+// alone, never on threads.
 inline constexpr int kLanes = 8;
+using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
 
-struct LaneSums {
-  float lane[kLanes] = {};
-  float total() const {
-    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+// What a term reads its operands through: at(p) is p[j .. j + kLanes) as
+// Lanes; at(p, load) widens each element with load (a format's F::load).
+struct LaneBlock {
+  std::int64_t j;
+  Lanes operator()(const float* p) const {
+    Lanes v;
+    std::memcpy(&v, p + j, sizeof v);
+    return v;
+  }
+  template <class U, class Load>
+  Lanes operator()(const U* p, Load load) const {
+    Lanes v;
+    for (int k = 0; k < kLanes; ++k) v[k] = load(p[j + k]);
+    return v;
   }
 };
 
-// fn(j, lane) for j in [0, n), in order, lane as LaneSums assigns it.
-template <class Fn>
-inline void for_lanes(std::int64_t n, Fn&& fn) {
+// The same for one element of the tail: at(p) is p[j].
+struct LaneTail {
+  std::int64_t j;
+  float operator()(const float* p) const { return p[j]; }
+  template <class U, class Load>
+  float operator()(const U* p, Load load) const {
+    return load(p[j]);
+  }
+};
+
+struct LaneSums {
+  Lanes lanes{};
+
+  // Adds term(at) for the elements [0, n) of a row, in order: term is a
+  // generic lambda over its accessor, e.g. [&](auto at) { return at(x) * at(y); }.
+  template <class Term>
+  void add(std::int64_t n, Term&& term) {
+    std::int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) lanes += term(LaneBlock{j});
+    for (int k = 0; k < kLanes && j < n; ++j, ++k) lanes[k] += term(LaneTail{j});
+  }
+
+  float total() const {
+    return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+  }
+};
+
+// The largest of x[0 .. n), n >= 1, in lanes as LaneSums assigns them: one
+// scalar max chain would not vectorise either. max is exact, so the result
+// is the row's maximum whatever the order.
+inline float max_of(const float* x, std::int64_t n) {
+  Lanes lanes = x[0] + Lanes{};
   std::int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
-    for (int k = 0; k < kLanes; ++k) fn(j + k, k);
+    const Lanes block = LaneBlock{j}(x);
+    lanes = block > lanes ? block : lanes;
   }
-  for (int k = 0; j < n; ++j, ++k) fn(j, k);
-}
-
-// The largest of x[0 .. n), n >= 1, in lanes as for_lanes assigns them:
-// one scalar max chain would not vectorise either. max is exact, so the
-// result is the row's maximum whatever the order.
-inline float max_of(const float* x, std::int64_t n) {
-  float lane[kLanes];
-  for (float& l : lane) l = x[0];
-  for_lanes(n, [&](std::int64_t j, int k) { lane[k] = x[j] > lane[k] ? x[j] : lane[k]; });
-  float mx = lane[0];
-  for (int k = 1; k < kLanes; ++k) mx = lane[k] > mx ? lane[k] : mx;
+  for (int k = 0; k < kLanes && j < n; ++j, ++k) lanes[k] = x[j] > lanes[k] ? x[j] : lanes[k];
+  float mx = lanes[0];
+  for (int k = 1; k < kLanes; ++k) mx = lanes[k] > mx ? lanes[k] : mx;
   return mx;
 }
 

@@ -119,6 +119,31 @@ TEST(VecMath, VectorisedLoopMatchesScalarCalls) {
   }
 }
 
+// LaneSums adds term j to lane j mod 8 in blocks, the tail to lanes 0, 1,
+// ..., and the lanes in one fixed order: the same bits as that order written
+// out in scalar code, for every length, through both accessors.
+TEST(VecMath, LaneSumsAddInTheirDocumentedOrder) {
+  for (std::int64_t n = 0; n <= 40; ++n) {
+    std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
+    for (std::int64_t j = 0; j < n; ++j) {
+      x[static_cast<std::size_t>(j)] = 1.0f / static_cast<float>(j + 3) + 1e4f * static_cast<float>(j % 3);
+      y[static_cast<std::size_t>(j)] = 0.1f * static_cast<float>(j) - 1.7f;
+    }
+    float lane[kLanes] = {};
+    const std::int64_t full = n / kLanes * kLanes;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto k = static_cast<std::size_t>(j < full ? j % kLanes : j - full);
+      lane[k] += x[static_cast<std::size_t>(j)] * y[static_cast<std::size_t>(j)];
+    }
+    const float expected = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    LaneSums plain, widened;
+    plain.add(n, [&](auto at) { return at(x.data()) * at(y.data()); });
+    widened.add(n, [&](auto at) { return at(x.data(), [](float v) { return v; }) * at(y.data()); });
+    EXPECT_EQ(plain.total(), expected) << "n = " << n;
+    EXPECT_EQ(widened.total(), expected) << "n = " << n;
+  }
+}
+
 // max_of is the row's maximum wherever it lies: in any lane, in the tail
 // past the last full group of eight, or first; and for every length.
 TEST(VecMath, MaxOfFindsTheMaximumInAnyLaneAndTheTail) {
