@@ -19,20 +19,15 @@ CrossEntropyResult cross_entropy_forward(const float* logits, const std::int32_t
     }
     const float* x = logits + i * v;
     float* p = probs + i * v;
-    float mx = x[0];
+    // The first largest logit, as a scalar scan finds it (bounded: a NaN row has none).
+    const float mx = cpu::max_of(x, v);
     std::int64_t argmax = 0;
-    for (std::int64_t j = 1; j < v; ++j) {
-      if (x[j] > mx) {
-        mx = x[j];
-        argmax = j;
-      }
-    }
+    while (argmax < v - 1 && !(x[argmax] == mx)) ++argmax;
     const float target_logit = x[target];
-    float sum = 0.0f;
-    for (std::int64_t j = 0; j < v; ++j) {
-      p[j] = cpu::fast_exp(x[j] - mx);
-      sum += p[j];
-    }
+    for (std::int64_t j = 0; j < v; ++j) p[j] = cpu::fast_exp(x[j] - mx);
+    cpu::LaneSums lanes;
+    lanes.add(v, [&](auto at) { return at(p); });
+    const float sum = lanes.total();
     const float inv = 1.0f / sum;
     for (std::int64_t j = 0; j < v; ++j) p[j] *= inv;
     // -log softmax[target] = logsumexp - x[target], without forming log(p).
