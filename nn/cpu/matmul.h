@@ -65,8 +65,10 @@ void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bia
 // gemm() where B is a weight that changes far less often than it is used: B
 // is read through a copy in the layout oneDNN's kernel prefers for g
 // (format_tag::any; blocked: a median 1.06x the speed of B as stored in f32,
-// 1.16x in bf16, at dtrain's linear shapes), made by a reorder when this
-// thread's copy for (g, b) was made from another b_version. The owner of b draws a new version from
+// 1.16x in bf16, at dtrain's linear shapes), made again when this thread's
+// copy for (g, b) was made from another b_version: by dtrain's own copy loops
+// into the layouts brgemm picks on AVX-512 (BA16a64b, BA16a64b2a; 2-4x
+// oneDNN 2.6's reorders), by a oneDNN reorder into any other. The owner of b draws a new version from
 // next_weights_version() whenever b's contents change; b_version 0, batched
 // and f16 products run gemm() on B as stored. f32 results equal gemm()'s bit
 // for bit; bf16 ones may differ in the last bits (another summation order).
@@ -78,6 +80,10 @@ void gemm_weights(const Gemm& g, const void* a, const void* b, std::uint64_t b_v
 // The oneDNN implementation that runs g (e.g. "brg:avx512_core"); creates and
 // caches the primitive like gemm() does. For tests and tools.
 std::string gemm_impl_info(const Gemm& g, bool with_bias);
+
+// How gemm_weights(g) makes its copy of B: "copy BA16a64b" or "copy
+// BA16a64b2a" (dtrain's loops), or "reorder" (oneDNN's). For tests.
+std::string gemm_weights_pack_info(const Gemm& g, bool with_bias);
 
 // Primitives cached by the calling thread.
 std::size_t gemm_cache_size();
