@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/attention_steps.h"
+#include "nn/linear.h"
 #include "nn/cpu/kernel_profile.h"
 #include "nn/cpu/matmul.h"
 #include "nn/cpu/parallel.h"
@@ -71,6 +72,8 @@ struct HostOps {
   // Backward with a bias gradient: each pair's column sums of its dQ, dK, dV
   // as stored, [pairs, 3, hd] (write_grads), added up by add_bias_sums.
   float* pair_sums = nullptr;
+  // Backward's dO already in the heads' layout (attention_output_grad), or null.
+  T* d_out_heads = nullptr;
 
   std::int64_t query_block() const { return kQueryBlock; }
 
@@ -104,9 +107,10 @@ struct HostOps {
       AttentionGroup<T> g{};
       g.pair0 = p;
       g.pairs = 1;
-      g.q = saved.q + p * seq * hd;
-      g.k = saved.k + p * seq * hd;
-      g.v = saved.v + p * seq * hd;
+      const std::int64_t heads_at = head_major(p) * seq * hd;
+      g.q = saved.q + heads_at;
+      g.k = saved.k + heads_at;
+      g.v = saved.v + heads_at;
       g.lse = saved.lse + p * seq;
       g.scores = sized(ts.scores, block * seq);
       if constexpr (std::is_same_v<T, float>) {
@@ -123,6 +127,7 @@ struct HostOps {
         } else {
           g.d_scores = sized(ts.d_scores16, block * seq);
         }
+        if (d_out_heads != nullptr) g.o = d_out_heads + heads_at;
         g.dq = sized(ts.dq, seq * hd);
         g.dk = sized(ts.dk, seq * hd);
         g.dv = sized(ts.dv, seq * hd);
@@ -138,6 +143,9 @@ struct HostOps {
     cpu::set_thread_profile(profile);
     if (tally) cpu::KernelTimer::credit(cpu::KernelKind::gemm, seconds / team, calls, flops);
   }
+
+  // Where pair p = b * H + h keeps its Q, K, V: [H, B, T, hd] (nn/attention.h).
+  std::int64_t head_major(std::int64_t p) const { return (p % s.heads) * s.batch + p / s.heads; }
 
   // Rows of head h of the pair, in an interleaved [B, T, parts, H, hd] buffer.
   template <class U>
@@ -159,7 +167,9 @@ struct HostOps {
     }
   }
 
+  // interleaved null: the heads are in place already (attention_project).
   void gather(const AttentionGroup<T>& g, const T* interleaved, std::int64_t parts, std::int64_t part, T* heads) {
+    if (interleaved == nullptr) return;
     const auto bytes = static_cast<std::size_t>(s.head_dim) * sizeof(T);
     for (std::int64_t t = 0; t < s.seq; ++t) {
       if (t + kRowsAhead < s.seq) prefetch_head_row(interleaved_row(interleaved, g, parts, part, t + kRowsAhead), false);
@@ -271,22 +281,49 @@ struct HostOps {
 template <class F>
 void attention_forward(const AttentionShape& s, const typename F::T* qkv, typename F::T* out,
                        const AttentionSaved<typename F::T>& saved) {
-  const double bytes = static_cast<double>(s.head_elems() * 7 * sizeof(typename F::T) + s.row_elems() * 4);
-  const cpu::KernelTimer timer(cpu::KernelKind::attention_forward, bytes);  // qkv in; q, k, v, out, lse out
+  const std::int64_t heads = qkv != nullptr ? 7 : 4;  // qkv in, q, k, v out (or q, k, v in); out
+  const double bytes = static_cast<double>(s.head_elems() * heads * sizeof(typename F::T) + s.row_elems() * 4);
+  const cpu::KernelTimer timer(cpu::KernelKind::attention_forward, bytes);  // and lse out
   HostOps<F> ops{s};
   attention_forward_steps<F::kDType>(ops, s, qkv, out, saved);
 }
 
 template <class F>
 void attention_backward(const AttentionShape& s, const typename F::T* d_out, typename F::T* d_qkv,
-                        const AttentionSaved<typename F::T>& saved, float* d_bias) {
+                        const AttentionSaved<typename F::T>& saved, float* d_bias, typename F::T* d_out_heads) {
   const double bytes = static_cast<double>(s.head_elems() * 7 * sizeof(typename F::T) + s.row_elems() * 4);
   const cpu::KernelTimer timer(cpu::KernelKind::attention_backward, bytes);  // q, k, v, d_out, lse in; d_qkv out
   HostOps<F> ops{s};
+  ops.d_out_heads = d_out_heads;
   thread_local std::vector<float> pair_sums;  // grown once, then reused
   if (d_bias != nullptr) ops.pair_sums = sized(pair_sums, s.pairs() * 3 * s.head_dim);
   attention_backward_steps<F::kDType>(ops, s, d_out, d_qkv, saved);
   if (d_bias != nullptr) ops.add_bias_sums(d_bias);
+}
+
+template <class F>
+void attention_project(const AttentionShape& s, const typename F::T* x, const typename F::T* w, const float* b,
+                       std::uint64_t w_version, const AttentionSaved<typename F::T>& saved) {
+  const std::int64_t n = s.batch * s.seq, d = s.d_model(), hd = s.head_dim;
+  const Gemm g = typed(linear_forward_gemm(n, d, hd, false), F::kDType, F::kDType);
+  typename F::T* const parts[3] = {saved.q, saved.k, saved.v};
+  for (std::int64_t part = 0; part < 3; ++part) {
+    for (std::int64_t h = 0; h < s.heads; ++h) {
+      const std::int64_t row = part * d + h * hd;  // the head's first row of W and entry of b
+      cpu::gemm_weights(g, x, w + row * d, w_version, parts[part] + h * n * hd, b != nullptr ? b + row : nullptr);
+    }
+  }
+}
+
+template <class F>
+void attention_output_grad(const AttentionShape& s, const typename F::T* dy, const typename F::T* w,
+                           std::uint64_t w_version, typename F::T* d_out_heads) {
+  const std::int64_t n = s.batch * s.seq, d = s.d_model(), hd = s.head_dim;
+  Gemm g = typed(linear_input_grad_gemm(n, hd, d, false), F::kDType, F::kDType);
+  g.ldb = d;  // the head's columns of W
+  for (std::int64_t h = 0; h < s.heads; ++h) {
+    cpu::gemm_weights(g, dy, w + h * hd, w_version, d_out_heads + h * n * hd);
+  }
 }
 
 template <class F>
@@ -332,7 +369,10 @@ void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t 
 #define DTRAIN_INSTANTIATE(F)                                                                          \
   template void attention_forward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&); \
   template void attention_backward<F>(const AttentionShape&, const F::T*, F::T*, const AttentionSaved<F::T>&,  \
-                                      float*);                                                               \
+                                      float*, F::T*);                                                        \
+  template void attention_output_grad<F>(const AttentionShape&, const F::T*, const F::T*, std::uint64_t, F::T*);  \
+  template void attention_project<F>(const AttentionShape&, const F::T*, const F::T*, const float*, std::uint64_t, \
+                                     const AttentionSaved<F::T>&);                                            \
   template void attention_cached<F>(const AttentionShape&, std::int64_t, std::int64_t, const F::T*, F::T*, F::T*, \
                                     F::T*, float*);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)

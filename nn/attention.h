@@ -27,12 +27,16 @@ struct AttentionShape {
   std::int64_t score_elems() const { return batch * heads * seq * seq; }     // S for every pair at once
 };
 
-// What forward keeps for backward; all owned by the caller.
+// What forward keeps for backward; all owned by the caller. Q, K and V hold
+// every pair's rows, [pairs, T, hd], in the order the device's kernels chose:
+// the CPU's is [H, B, T, hd] (one head's rows of the whole batch form a dense
+// [B * T, hd] matrix, which attention_project's products write directly),
+// the GPU's [B, H, T, hd].
 template <class T>
 struct AttentionSaved {
-  T* q;        // [B, H, T, hd]
-  T* k;        // [B, H, T, hd]
-  T* v;        // [B, H, T, hd]
+  T* q;        // [pairs, T, hd]
+  T* k;        // [pairs, T, hd]
+  T* v;        // [pairs, T, hd]
   float* lse;  // [B, H, T]: log(sum_j exp(S_ij)) of each query row i
 };
 
@@ -54,7 +58,9 @@ struct AttentionScratch {
   float* delta;    // [B, H, T] f32: rowsum(P * dP) of each query row (backward of the one-pass kernels)
 };
 
-// qkv: [B, T, 3, H, hd] (the fused projection's output); out: [B, T, H, hd].
+// qkv: [B, T, 3, H, hd] (the fused projection's output), gathered into
+// saved's heads; or null when attention_project has written them already.
+// out: [B, T, H, hd].
 // Threading: splits the pairs across the calling thread's OpenMP threads;
 // each pair is computed by one thread in a fixed order, so the result does
 // not depend on the thread count.
@@ -62,14 +68,36 @@ template <class F = cpu::F32Format>
 void attention_forward(const AttentionShape& shape, const typename F::T* qkv, typename F::T* out,
                        const AttentionSaved<typename F::T>& saved);
 
-// d_out: [B, T, H, hd]; d_qkv: [B, T, 3, H, hd], written. d_bias, when
+// The fused projection qkv = x W^T + b (x: [B * T, d], W: [3d, d] with the
+// rows of Q, K, V in head order, b: [3d] or null) written straight into
+// saved's q, k, v, for attention_forward with qkv null: one product per part
+// and head, [B * T, d] x [d, hd], each writing that head's dense [B * T, hd]
+// (as fast as the one [B * T, 3d] product, and no gather after it).
+// w_version: as for linear_forward. Timed as its products (gemm).
+template <class F = cpu::F32Format>
+void attention_project(const AttentionShape& shape, const typename F::T* x, const typename F::T* w,
+                       const float* b, std::uint64_t w_version, const AttentionSaved<typename F::T>& saved);
+
+// d_out: [B, T, H, hd], gathered into heads; or null with d_out_heads, the
+// same in saved's layout (attention_output_grad). d_qkv: [B, T, 3, H, hd],
+// written. d_bias, when
 // given: [3, H, hd], added to: d_qkv's column sums (as stored, widened to
 // f32), the bias gradient of the projection that made qkv, taken while the
 // gradients are scattered (each pair's rows in order, then the pairs in
 // batch order: fixed, whatever the thread count).
 template <class F = cpu::F32Format>
 void attention_backward(const AttentionShape& shape, const typename F::T* d_out, typename F::T* d_qkv,
-                        const AttentionSaved<typename F::T>& saved, float* d_bias = nullptr);
+                        const AttentionSaved<typename F::T>& saved, float* d_bias = nullptr,
+                        typename F::T* d_out_heads = nullptr);
+
+// Backward's counterpart of attention_project: the gradient of attention's
+// output, d_out = dy W (dy: [B * T, d], the gradient of the output
+// projection y = out W^T + b, W: [d, d]), written in saved's layout as
+// d_out_heads for attention_backward: one product per head, dy times W's
+// columns of that head. w_version: as for linear_backward.
+template <class F = cpu::F32Format>
+void attention_output_grad(const AttentionShape& shape, const typename F::T* dy, const typename F::T* w,
+                           std::uint64_t w_version, typename F::T* d_out_heads);
 
 // Inference with a key/value cache (decoding one sequence): the shape's seq
 // rows of qkv [seq, 3, H, hd] are positions first .. first + seq - 1; their

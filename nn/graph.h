@@ -15,7 +15,11 @@
 //   token_embedding_{forward,backward}, patch_embedding_{forward,backward},
 //   mean_pool_{forward,backward}, cross_entropy_{forward,backward}
 // with the argument lists of the CPU functions in nn/ (device pointers);
-// optionally attention_cached, which decode() needs (the CPU's has it);
+// optionally attention_cached, which decode() needs (the CPU's has it), and
+// attention_project, the QKV projection written straight into attention's
+// saved heads (the CPU's has it; without it the projection is a linear into
+// the interleaved qkv, which attention_forward gathers from) with its
+// backward counterpart attention_output_grad (likewise);
 // and attention_scratch(pairs, seq, head_dim): what of the attention scratch
 // (AttentionScratch, nn/attention.h) the graph allocates for its attention.
 //

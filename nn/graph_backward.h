@@ -106,13 +106,22 @@ void Graph<K>::layer_backward(int l) {
 
   // Attention branch: mid = x + proj(attn(qkv(ln1(x)))).
   const float* g_attn = branch_grad(2 * l);
-  k_.linear_backward(as_storage(g_attn, acts_.d_resid16.data(), n * d), g_attn, L.attn.data(),
-                     matrix(base + kProjW), acts_.d_attn.data(), g(kProjW), bias_grad_unless_summed(g(kProjB)), n, d,
-                     d, weights_version(base + kProjW));
+  const T* dy_attn = as_storage(g_attn, acts_.d_resid16.data(), n * d);
+  const AttentionSaved<T> saved{L.q.data(), L.k.data(), L.v.data(), L.lse.data()};
   // qkv's bias gradient is summed as attention scatters d_qkv.
-  k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(),
-                        AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
-                        acts_.attention_scratch(), g(kQkvB));
+  if constexpr (requires { &K::attention_output_grad; }) {  // dO straight into the heads' layout
+    k_.attention_output_grad(attn_shape_, dy_attn, matrix(base + kProjW), weights_version(base + kProjW),
+                             acts_.d_attn.data());
+    k_.linear_backward(dy_attn, g_attn, L.attn.data(), matrix(base + kProjW), static_cast<T*>(nullptr), g(kProjW),
+                       bias_grad_unless_summed(g(kProjB)), n, d, d);
+    k_.attention_backward(attn_shape_, static_cast<const T*>(nullptr), acts_.d_qkv.data(), saved,
+                          acts_.attention_scratch(), g(kQkvB), acts_.d_attn.data());
+  } else {
+    k_.linear_backward(dy_attn, g_attn, L.attn.data(), matrix(base + kProjW), acts_.d_attn.data(), g(kProjW),
+                       bias_grad_unless_summed(g(kProjB)), n, d, d, weights_version(base + kProjW));
+    k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(), saved, acts_.attention_scratch(),
+                          g(kQkvB));
+  }
   k_.linear_backward(acts_.d_qkv.data(), static_cast<const float*>(nullptr), L.ln1.data(), matrix(base + kQkvW),
                      d_tmp, g(kQkvW), nullptr, n, d, 3 * d, weights_version(base + kQkvW));
   k_.layernorm_backward(d_tmp, x, w(kLn1W), L.ln1_mean.data(), L.ln1_rstd.data(), d_resid, g(kLn1W), g(kLn1B), n,

@@ -281,20 +281,27 @@ void Graph<K>::layer_forward(int l, bool training) {
 
   k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d,
                        residual_copy(L.mid.data()));
-  k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false,
-                    weights_version(base + kQkvW));
+  const AttentionSaved<T> saved{L.q.data(), L.k.data(), L.v.data(), L.lse.data()};
+  const T* qkv = acts_.qkv.data();
+  if constexpr (requires { &K::attention_project; }) {  // the projection writes the heads attention reads
+    if (!decoding_) {
+      k_.attention_project(attn_shape_, L.ln1.data(), matrix(base + kQkvW), w(kQkvB), weights_version(base + kQkvW),
+                           saved);
+      qkv = nullptr;
+    }
+  }
+  if (qkv != nullptr) {
+    k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false,
+                      weights_version(base + kQkvW));
+  }
   if constexpr (requires { &K::attention_cached; }) {
     if (decoding_) {
       const std::int64_t capacity = config().max_seq_len, layer = static_cast<std::int64_t>(l) * capacity * d;
-      k_.attention_cached(attn_shape_, span_.position, capacity, acts_.qkv.data(), k_cache_.data() + layer,
+      k_.attention_cached(attn_shape_, span_.position, capacity, qkv, k_cache_.data() + layer,
                           v_cache_.data() + layer, L.attn.data(), cache_scores_.data());
     }
   }
-  if (!decoding_) {
-    k_.attention_forward(attn_shape_, acts_.qkv.data(), L.attn.data(),
-                         AttentionSaved<T>{L.q.data(), L.k.data(), L.v.data(), L.lse.data()},
-                         acts_.attention_scratch());
-  }
+  if (!decoding_) k_.attention_forward(attn_shape_, qkv, L.attn.data(), saved, acts_.attention_scratch());
   residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
   k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
                        d, residual_copy(out));

@@ -76,9 +76,20 @@ class HostKernels {
                          const AttentionScratch<T>& /*scratch*/) {
     dev_->run([=] { nn::attention_forward<F>(s, qkv, out, saved); });
   }
+  // The QKV projection into forward's saved heads (nn/attention.h); its products time themselves.
+  void attention_project(const AttentionShape& s, const T* x, const T* w, const float* b, std::uint64_t w_version,
+                         const AttentionSaved<T>& saved) {
+    dev_->run([=] { nn::attention_project<F>(s, x, w, b, w_version, saved); });
+  }
+  // d_out null: d_out_heads holds dO in the heads' layout (attention_output_grad).
   void attention_backward(const AttentionShape& s, const T* d_out, T* d_qkv, const AttentionSaved<T>& saved,
-                          const AttentionScratch<T>& /*scratch*/, float* d_bias = nullptr) {
-    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved, d_bias); });
+                          const AttentionScratch<T>& /*scratch*/, float* d_bias = nullptr, T* d_out_heads = nullptr) {
+    dev_->run([=] { nn::attention_backward<F>(s, d_out, d_qkv, saved, d_bias, d_out_heads); });
+  }
+  // The output projection's input gradient in the heads' layout; its products time themselves.
+  void attention_output_grad(const AttentionShape& s, const T* dy, const T* w, std::uint64_t w_version,
+                             T* d_out_heads) {
+    dev_->run([=] { nn::attention_output_grad<F>(s, dy, w, w_version, d_out_heads); });
   }
 
   void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t capacity, const T* qkv,

@@ -319,8 +319,9 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
     entry->b_stored = dnnl::memory(b_stored, cpu_engine(), DNNL_MEMORY_NONE);
     entry->pack = dnnl::reorder(dnnl::reorder::primitive_desc(entry->b_stored, entry->b));
     entry->packed_bytes = pd.weights_desc().get_size();
-    const bool dense_b = g.ldb == 0 || g.ldb == (g.trans_b ? g.k : g.n);
-    if (g.batch == 1 && dense_b && g.n % kPackN == 0) {
+    // Any ldb: the copy loops read B's rows at ldb (in 32-bit words for bf16, so an even ldb).
+    const bool whole_words = g.b_type != DType::bf16 || g.ldb % 2 == 0;
+    if (g.batch == 1 && whole_words && g.n % kPackN == 0) {
       using tag = dnnl::memory::format_tag;
       const dnnl::memory::dims dims = b_stored.dims();
       if (g.b_type == DType::f32 && g.k % 16 == 0 &&
@@ -411,7 +412,7 @@ const void* packed(const Gemm& g, bool with_bias, Entry& e, const void* b, std::
   if (p.data.size() == 0) p.data = AlignedBuffer<std::byte>(e.packed_bytes);
   const KernelTimer timer(KernelKind::convert,
                           static_cast<double>(e.b_stored.get_desc().get_size() + e.packed_bytes));
-  const std::int64_t ld = g.trans_b ? g.k : g.n;
+  const std::int64_t ld = g.ldb != 0 ? g.ldb : (g.trans_b ? g.k : g.n);
   if (e.blocked_pack == 1) {
     pack_f32(static_cast<const float*>(b), g.trans_b, g.k, g.n, ld, reinterpret_cast<float*>(p.data.data()));
   } else if (e.blocked_pack == 2) {

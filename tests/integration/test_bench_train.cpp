@@ -47,13 +47,15 @@ std::map<std::string, std::map<std::string, double>> profile_lines(const std::st
 
 // Calls per step of each kernel for one micro-batch of an n_layers model
 // (bench() runs 2 sequences of 16 rows, 4 heads: 8 (batch, head) pairs of
-// one attention tile each): each layer's forward runs 4 linears and 2
-// products per pair, its backward 2 products per linear (input and weight
-// gradients) and 5 per pair; the head adds a linear (1 forward, 2 backward).
+// one attention tile each): each layer's forward runs 3 linears, the QKV
+// projection as one product per part and head, and 2 products per pair; its
+// backward 2 products per linear (input and weight gradients), except that
+// the output projection's input gradient is one product per head, and 5 per
+// pair; the head adds a linear (1 forward, 2 backward).
 void expect_structure_calls(std::map<std::string, std::map<std::string, double>>& rows, int layers,
                             int parameters) {
-  const int L = layers, pairs = 2 * 4;
-  EXPECT_EQ(rows["gemm"]["calls"], (12 + 7 * pairs) * L + 3);
+  const int L = layers, heads = 4, pairs = 2 * heads;
+  EXPECT_EQ(rows["gemm"]["calls"], (10 + 4 * heads + 7 * pairs) * L + 3);
   EXPECT_EQ(rows["layernorm_forward"]["calls"], 2 * L + 1);
   EXPECT_EQ(rows["layernorm_backward"]["calls"], 2 * L + 1);
   EXPECT_EQ(rows["gelu_forward"]["calls"], L);

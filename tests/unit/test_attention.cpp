@@ -22,6 +22,9 @@
 #include <random>
 #include <vector>
 
+#include "nn/cpu/matmul.h"
+#include "nn/linear.h"
+#include "nn/parameters.h"
 #include "unit/gradient_check.h"
 
 namespace dtrain::nn {
@@ -223,6 +226,41 @@ TEST_P(AttentionTest, BackwardSumsTheQkvBiasGradient) {
     }
     EXPECT_NEAR(d_bias[static_cast<std::size_t>(j)], sum, 1e-5 * magnitude) << "column " << j;
   }
+}
+
+// The CPU's products straight into and out of the heads' layout
+// (attention_project, attention_output_grad) against the linears they replace
+// around the same attention: out, lse, d_qkv and the qkv bias gradient bit for
+// bit (f32: each head's product sums the same terms in the same order as the
+// whole one).
+TEST_P(AttentionTest, ProductsIntoTheHeadsEqualTheLinearsAround) {
+  const AttentionShape s{2, 70, 2, 64, GetParam()};  // heads of 64: the products brgemm runs in training
+  const std::int64_t n = s.batch * s.seq, d = s.d_model();
+  std::mt19937 rng(14);
+  const auto x = random_normal(rng, n * d), w = random_normal(rng, 3 * d * d), b = random_normal(rng, 3 * d);
+  const auto w_out = random_normal(rng, d * d), dy = random_normal(rng, n * d);
+  const std::uint64_t version = next_weights_version(), out_version = next_weights_version();
+
+  AttentionCase linears(s, 15), heads(s, 15);
+  std::vector<float> d_out(static_cast<std::size_t>(s.head_elems()));
+  std::vector<float> bias_linears(static_cast<std::size_t>(3 * d), 0.0f), bias_heads = bias_linears;
+  linear_forward(x.data(), w.data(), b.data(), linears.qkv.data(), n, d, 3 * d, false, version);
+  attention_forward(s, linears.qkv.data(), linears.out.data(), linears.saved());
+  cpu::gemm_weights(linear_input_grad_gemm(n, d, d, false), dy.data(), w_out.data(), out_version, d_out.data());
+  attention_backward(s, d_out.data(), linears.d_qkv.data(), linears.saved(), bias_linears.data());
+
+  attention_project(s, x.data(), w.data(), b.data(), version, heads.saved());
+  attention_forward(s, static_cast<const float*>(nullptr), heads.out.data(), heads.saved());
+  std::vector<float> d_heads(d_out.size(), std::numeric_limits<float>::quiet_NaN());
+  attention_output_grad(s, dy.data(), w_out.data(), out_version, d_heads.data());
+  std::fill(heads.d_qkv.begin(), heads.d_qkv.end(), std::numeric_limits<float>::quiet_NaN());
+  attention_backward(s, static_cast<const float*>(nullptr), heads.d_qkv.data(), heads.saved(), bias_heads.data(),
+                     d_heads.data());
+
+  EXPECT_EQ(heads.out, linears.out);
+  EXPECT_EQ(heads.lse, linears.lse);
+  EXPECT_EQ(heads.d_qkv, linears.d_qkv);
+  EXPECT_EQ(bias_heads, bias_linears);
 }
 
 INSTANTIATE_TEST_SUITE_P(CausalAndNot, AttentionTest, ::testing::Bool(),

@@ -63,8 +63,9 @@ std::vector<float> widen(const Gemm& g, const std::vector<float>& c32, const std
 // operands; returns {stored layout, preferred layout}.
 std::pair<std::vector<float>, std::vector<float>> both_layouts(const Gemm& g, bool bias, std::uint64_t version,
                                                                unsigned seed) {
+  const std::int64_t b_rows = g.trans_b ? g.n : g.k, b_ld = g.ldb != 0 ? g.ldb : (g.trans_b ? g.k : g.n);
   const auto a = random_values(static_cast<std::size_t>(g.m * g.k), seed);
-  const auto b = random_values(static_cast<std::size_t>(g.k * g.n), seed + 1);
+  const auto b = random_values(static_cast<std::size_t>(b_rows * b_ld), seed + 1);
   const auto c0 = random_values(static_cast<std::size_t>(g.m * g.n), seed + 2);
   const auto bias_values = random_values(static_cast<std::size_t>(g.n), seed + 3);
   const bool half = g.a_type != DType::f32;
@@ -116,6 +117,33 @@ TEST(MatmulWeights, LinearProductsEqualTheStoredLayout) {
           EXPECT_LE(worst, tol) << gemm_string(g) << " bias=" << bias;
         }
       }
+    }
+  }
+}
+
+// One head's columns of a weight (attention_output_grad: dy times W's 64
+// columns of the head, ldb = W's width) are copied by the same loops, which
+// read B's rows at ldb.
+TEST(MatmulWeights, ColumnsOfAWiderWeightEqualTheStoredLayout) {
+  unsigned seed = 100;
+  for (DType operands : {DType::f32, DType::bf16}) {
+    for (DType output : {DType::f32, operands}) {
+      Gemm g = typed(linear_input_grad_gemm(96, 64, 256, false), operands, output);
+      const Gemm dense = g;
+      g.ldb = 320;
+      if (gemm_impl_info(dense, false).rfind("brg:avx512_core", 0) == 0) {
+        EXPECT_EQ(gemm_weights_pack_info(g, false), gemm_weights_pack_info(dense, false)) << gemm_string(g);
+        EXPECT_NE(gemm_weights_pack_info(g, false), "reorder") << gemm_string(g);
+      }
+      const auto [plain, packed] = both_layouts(g, false, next_weights_version(), seed++);
+      if (operands == DType::f32 && output == DType::f32) {
+        EXPECT_EQ(plain, packed) << gemm_string(g);
+        continue;
+      }
+      const double tol = 1e-5 * static_cast<double>(g.k) + (g.c_type == DType::f32 ? 0.0 : 1.0 / 64);
+      double worst = 0;
+      for (std::size_t i = 0; i < plain.size(); ++i) worst = std::max(worst, std::fabs(double{plain[i]} - packed[i]));
+      EXPECT_LE(worst, tol) << gemm_string(g);
     }
   }
 }

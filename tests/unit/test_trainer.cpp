@@ -169,9 +169,11 @@ TEST(Trainer, ProfiledStepsTouchNoFreshMemoryEither) {
   nn::cpu::KernelProfile profile;
   const long faults = steady_state_faults(&profile);
   EXPECT_LT(faults, 100) << faults << " page faults in 10 profiled steps";
-  // 2 micro-batches of 2 layers, each: 12 products a layer in its linears,
-  // 7 per (batch, head) pair of one attention tile (8 x 4 pairs), 3 in the head.
-  EXPECT_EQ(profile[nn::cpu::KernelKind::gemm].calls, 10 * 2 * ((12 + 7 * 8 * 4) * 2 + 3));
+  // 2 micro-batches of 2 layers, each: 10 + 4 x 4 products a layer in its
+  // linears (the QKV projection one per part and head, the output
+  // projection's input gradient one per head), 7 per (batch, head) pair of
+  // one attention tile (8 x 4 pairs), 3 in the head.
+  EXPECT_EQ(profile[nn::cpu::KernelKind::gemm].calls, 10 * 2 * ((10 + 4 * 4 + 7 * 8 * 4) * 2 + 3));
   EXPECT_EQ(profile[nn::cpu::KernelKind::dropout].calls, 10 * 2 * 2 * (2 * 2 + 1)) << "forward and backward";
 }
 #endif
