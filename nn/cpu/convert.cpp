@@ -1,12 +1,39 @@
 #include "nn/cpu/convert.h"
 
+#if defined(__AVX512BF16__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
 namespace dtrain::nn::cpu {
-namespace {
 
 template <class Format>
-void narrow(const float* src, std::uint16_t* dst, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = Format::store(src[i]);
+void store_all(const float* src, typename Format::T* dst, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__AVX512BF16__)
+  if constexpr (Format::kDType == DType::bf16) {
+    const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(src + i);
+      if (_mm512_testn_epi32_mask(_mm512_castps_si512(v), exponent) != 0) {  // a zero or subnormal
+        for (std::int64_t j = i; j < i + 16; ++j) dst[j] = Format::store(src[j]);
+        continue;
+      }
+      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), rounded);
+    }
+  }
+#endif
+  for (; i < n; ++i) dst[i] = Format::store(src[i]);
 }
+
+#define DTRAIN_INSTANTIATE(F) template void store_all<F>(const float*, F::T*, std::int64_t);
+DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
+#undef DTRAIN_INSTANTIATE
+
+namespace {
 
 template <class Format>
 void widen(const std::uint16_t* src, float* dst, std::int64_t n) {
@@ -21,7 +48,7 @@ void widen_add(const std::uint16_t* src, float* dst, std::int64_t n) {
 }  // namespace
 
 void f32_to_half(const float* src, DType dtype, std::uint16_t* dst, std::int64_t n) {
-  with_half_format(dtype, [&](auto f) { narrow<decltype(f)>(src, dst, n); });
+  with_half_format(dtype, [&](auto f) { store_all<decltype(f)>(src, dst, n); });
 }
 
 void half_to_f32(const std::uint16_t* src, DType dtype, float* dst, std::int64_t n) {

@@ -50,6 +50,16 @@ decltype(auto) with_half_format(DType dtype, Fn&& fn) {
 // Instantiates a template for each storage format: X(F32Format) X(Bf16Format) X(F16Format).
 #define DTRAIN_FOR_EACH_FORMAT(X) X(::dtrain::nn::cpu::F32Format) X(::dtrain::nn::cpu::Bf16Format) X(::dtrain::nn::cpu::F16Format)
 
+// dst[i] = Format::store(src[i]), n elements, for any format. bf16 on a CPU
+// with AVX512-BF16 (a native build) goes 16 at a time through its conversion
+// instruction, which rounds to nearest even and quiets NaN as the rule above
+// does, but flushes subnormals to zero: a block of 16 holding a zero or
+// subnormal exponent takes the rule itself, so the bits are the same either
+// way (0.07 against 0.09 ns per element in bulk; GELU's bf16 forward, which
+// rounds two results per element, 0.81 against 0.91).
+template <class Format>
+void store_all(const float* src, typename Format::T* dst, std::int64_t n);
+
 // dst[i] = round(src[i]) in `dtype` (bf16 or f16), n elements.
 void f32_to_half(const float* src, DType dtype, std::uint16_t* dst, std::int64_t n);
 // dst[i] = src[i] widened to f32 (exact).

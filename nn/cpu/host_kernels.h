@@ -110,7 +110,7 @@ class HostKernels {
   }
   void to_storage(const float* x, T* y, std::int64_t n) {
     dev_->run(KernelKind::convert, f32(n) + elements<T>(n), [=] {
-      for (std::int64_t i = 0; i < n; ++i) y[i] = F::store(x[i]);
+      store_all<F>(x, y, n);
     });
   }
 

@@ -90,5 +90,29 @@ TEST(BulkConversion, MatchesTheScalarRulesBitForBit) {
   }
 }
 
+// store_all takes blocks of 16 (bf16, a native build: the AVX512-BF16
+// conversion): blocks of normal numbers with every special the rule treats
+// apart (NaN payloads, signs, infinities, overflow to inf, ties) and blocks
+// where one zero or subnormal sends the block to the rule, then a tail.
+TEST(BulkConversion, BlocksOfSixteenKeepTheRuleForEverySpecialValue) {
+  const std::vector<std::uint32_t> specials = {
+      0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x7fffffffu, 0x7fbfffffu,  // NaNs
+      0x7f800000u, 0xff800000u, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u,              // inf, overflow
+      0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x00800000u, 0x80800000u};             // ties, smallest normals
+  const std::vector<std::uint32_t> tiny = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x007f8000u};
+  std::vector<float> src;
+  for (std::uint32_t bits : specials) src.push_back(from_bits(bits));  // one all-normal block
+  for (std::uint32_t t : tiny) {  // each tiny value inside an otherwise normal block
+    for (std::size_t i = 0; i < 16; ++i) src.push_back(from_bits(i == 7 ? t : specials[i]));
+  }
+  for (std::uint32_t bits : specials) src.push_back(from_bits(bits ^ 0x80000000u));  // signs flipped
+  for (std::uint32_t t : tiny) src.push_back(from_bits(t));                          // a tail of 5
+  std::vector<std::uint16_t> got(src.size());
+  nn::cpu::store_all<nn::cpu::Bf16Format>(src.data(), got.data(), static_cast<std::int64_t>(src.size()));
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    EXPECT_EQ(got[i], f32_to_bf16(src[i])) << "element " << i << " bits " << std::hex << std::bit_cast<std::uint32_t>(src[i]);
+  }
+}
+
 }  // namespace
 }  // namespace dtrain
