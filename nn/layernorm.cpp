@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "nn/cpu/convert.h"
 #include "nn/cpu/parallel.h"
@@ -53,8 +54,10 @@ void layernorm_backward(const float* dy, const float* x, const float* weight, co
     const float m = mean[i];
     const float s = rstd[i];
     cpu::LaneSums sum_g, sum_gx;
-    sum_g.add(c, [&](auto at) { return at(dyi) * at(weight); });
-    sum_gx.add(c, [&](auto at) { return at(dyi) * at(weight) * ((at(xi) - m) * s); });
+    cpu::add_pair(c, sum_g, sum_gx, [&](auto at) {
+      const auto g = at(dyi) * at(weight);
+      return std::pair{g, g * ((at(xi) - m) * s)};
+    });
     for (std::int64_t j = 0; j < c; ++j) {
       dweight[j] += dyi[j] * ((xi[j] - m) * s);
       dbias[j] += dyi[j];

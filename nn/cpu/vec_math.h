@@ -113,6 +113,23 @@ struct LaneSums {
   }
 };
 
+// Two sums over one row in one pass, each as add() would make it: terms(at)
+// returns both terms (an object with .first and .second, e.g. std::pair).
+template <class Terms>
+void add_pair(std::int64_t n, LaneSums& first, LaneSums& second, Terms&& terms) {
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const auto t = terms(LaneBlock{j});
+    first.lanes += t.first;
+    second.lanes += t.second;
+  }
+  for (int k = 0; k < kLanes && j < n; ++j, ++k) {
+    const auto t = terms(LaneTail{j});
+    first.lanes[k] += t.first;
+    second.lanes[k] += t.second;
+  }
+}
+
 // The largest of x[0 .. n), n >= 1, in lanes as LaneSums assigns them: one
 // scalar max chain would not vectorise either. max is exact, so the result
 // is the row's maximum whatever the order.

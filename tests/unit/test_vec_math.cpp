@@ -9,6 +9,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 namespace dtrain::nn::cpu {
@@ -141,6 +142,23 @@ TEST(VecMath, LaneSumsAddInTheirDocumentedOrder) {
     widened.add(n, [&](auto at) { return at(x.data(), [](float v) { return v; }) * at(y.data()); });
     EXPECT_EQ(plain.total(), expected) << "n = " << n;
     EXPECT_EQ(widened.total(), expected) << "n = " << n;
+  }
+}
+
+// add_pair makes both sums in one pass, each the one add() makes alone.
+TEST(VecMath, AddPairGivesEachSumAsAddDoes) {
+  for (std::int64_t n = 0; n <= 40; ++n) {
+    std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
+    for (std::int64_t j = 0; j < n; ++j) {
+      x[static_cast<std::size_t>(j)] = 1.0f / static_cast<float>(j + 3) + 1e4f * static_cast<float>(j % 3);
+      y[static_cast<std::size_t>(j)] = 0.1f * static_cast<float>(j) - 1.7f;
+    }
+    LaneSums alone_x, alone_xy, pair_x, pair_xy;
+    alone_x.add(n, [&](auto at) { return at(x.data()); });
+    alone_xy.add(n, [&](auto at) { return at(x.data()) * at(y.data()); });
+    add_pair(n, pair_x, pair_xy, [&](auto at) { return std::pair{at(x.data()), at(x.data()) * at(y.data())}; });
+    EXPECT_EQ(pair_x.total(), alone_x.total()) << "n = " << n;
+    EXPECT_EQ(pair_xy.total(), alone_xy.total()) << "n = " << n;
   }
 }
 
