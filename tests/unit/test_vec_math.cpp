@@ -123,13 +123,19 @@ TEST(VecMath, VectorisedLoopMatchesScalarCalls) {
 // LaneSums adds term j to lane j mod 8 in blocks, the tail to lanes 0, 1,
 // ..., and the lanes in one fixed order: the same bits as that order written
 // out in scalar code, for every length, through both accessors.
+// Two rows of n values whose sums depend on the order they are added in.
+std::pair<std::vector<float>, std::vector<float>> row_pair(std::int64_t n) {
+  std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
+  for (std::int64_t j = 0; j < n; ++j) {
+    x[static_cast<std::size_t>(j)] = 1.0f / static_cast<float>(j + 3) + 1e4f * static_cast<float>(j % 3);
+    y[static_cast<std::size_t>(j)] = 0.1f * static_cast<float>(j) - 1.7f;
+  }
+  return {x, y};
+}
+
 TEST(VecMath, LaneSumsAddInTheirDocumentedOrder) {
   for (std::int64_t n = 0; n <= 40; ++n) {
-    std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
-    for (std::int64_t j = 0; j < n; ++j) {
-      x[static_cast<std::size_t>(j)] = 1.0f / static_cast<float>(j + 3) + 1e4f * static_cast<float>(j % 3);
-      y[static_cast<std::size_t>(j)] = 0.1f * static_cast<float>(j) - 1.7f;
-    }
+    const auto [x, y] = row_pair(n);
     float lane[kLanes] = {};
     const std::int64_t full = n / kLanes * kLanes;
     for (std::int64_t j = 0; j < n; ++j) {
@@ -148,11 +154,7 @@ TEST(VecMath, LaneSumsAddInTheirDocumentedOrder) {
 // add_pair makes both sums in one pass, each the one add() makes alone.
 TEST(VecMath, AddPairGivesEachSumAsAddDoes) {
   for (std::int64_t n = 0; n <= 40; ++n) {
-    std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
-    for (std::int64_t j = 0; j < n; ++j) {
-      x[static_cast<std::size_t>(j)] = 1.0f / static_cast<float>(j + 3) + 1e4f * static_cast<float>(j % 3);
-      y[static_cast<std::size_t>(j)] = 0.1f * static_cast<float>(j) - 1.7f;
-    }
+    const auto [x, y] = row_pair(n);
     LaneSums alone_x, alone_xy, pair_x, pair_xy;
     alone_x.add(n, [&](auto at) { return at(x.data()); });
     alone_xy.add(n, [&](auto at) { return at(x.data()) * at(y.data()); });
