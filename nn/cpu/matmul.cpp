@@ -319,8 +319,9 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
     entry->b_stored = dnnl::memory(b_stored, cpu_engine(), DNNL_MEMORY_NONE);
     entry->pack = dnnl::reorder(dnnl::reorder::primitive_desc(entry->b_stored, entry->b));
     entry->packed_bytes = pd.weights_desc().get_size();
-    // Any ldb: the copy loops read B's rows at ldb (in 32-bit words for bf16, so an even ldb).
-    const bool whole_words = g.b_type != DType::bf16 || g.ldb % 2 == 0;
+    // Any ldb: the copy loops read B's rows at ldb (bf16's transposing copy in
+    // 32-bit words, so an even ldb there).
+    const bool whole_words = g.b_type != DType::bf16 || !g.trans_b || g.ldb % 2 == 0;
     if (g.batch == 1 && whole_words && g.n % kPackN == 0) {
       using tag = dnnl::memory::format_tag;
       const dnnl::memory::dims dims = b_stored.dims();

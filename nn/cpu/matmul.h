@@ -72,6 +72,7 @@ void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bia
 // next_weights_version() whenever b's contents change; b_version 0, batched
 // and f16 products run gemm() on B as stored. f32 results equal gemm()'s bit
 // for bit; bf16 ones may differ in the last bits (another summation order).
+// B may have any ldb (e.g. some columns of a wider weight): the copy is dense.
 // Memory: one copy of B per thread, g and b, allocated when first seen and
 // kept; later calls allocate nothing.
 void gemm_weights(const Gemm& g, const void* a, const void* b, std::uint64_t b_version, void* c,
