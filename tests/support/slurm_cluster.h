@@ -20,6 +20,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -230,7 +231,19 @@ class SlurmCluster {
           return last == idle;
         },
         std::chrono::seconds(30));
-    return ready ? "" : "the nodes did not become idle within 30 s (sinfo: " + last + "):\n" + log_tails();
+    if (!ready) return "the nodes did not become idle within 30 s (sinfo: " + last + "):\n" + log_tails();
+    // A slurmd whose port was taken in the meantime logs it and goes on
+    // without listening; the node can still look idle, and its tasks then
+    // reach whatever holds the port (seen: another cluster's slurmd, which
+    // refused the credential as replayed). Such a start failed too.
+    for (int n = 1; n <= nodes_; ++n) {
+      std::ifstream log(dir_ / "log" / fmt::format("slurmd-n{}.log", n));
+      const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      if (text.find("Unable to bind listen port") != std::string::npos) {
+        return fmt::format("slurmd for n{} could not bind its port:\n", n) + log_tails();
+      }
+    }
+    return "";
   }
 
   static bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
