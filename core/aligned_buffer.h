@@ -1,15 +1,15 @@
 // AlignedBuffer: an owned, 64-byte aligned, zero-filled array whose pages are
-// touched once at construction. dtrain allocates all hot-path memory this way
-// up front: fresh pages cost ~15 us each on first touch, so steady-state steps
-// must only reuse memory (docs/ARCHITECTURE.md, "Memory").
+// touched once at construction (core/pages.h: from 2 MiB up, on huge pages).
+// dtrain allocates all hot-path memory this way up front: fresh pages cost
+// ~15 us each on first touch, so steady-state steps must only reuse memory
+// (docs/ARCHITECTURE.md, "Memory").
 #pragma once
 
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
-#include <new>
 #include <span>
 #include <utility>
+
+#include "core/pages.h"
 
 namespace dtrain {
 
@@ -18,13 +18,9 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(std::size_t count) : size_(count) {
-    if (count == 0) return;
-    const std::size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
-    data_ = static_cast<T*>(std::aligned_alloc(64, bytes));
-    if (data_ == nullptr) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
+    if (count != 0) data_ = static_cast<T*>(allocate_pages(count * sizeof(T)));
   }
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() { release_pages(data_); }
   AlignedBuffer(AlignedBuffer&& o) noexcept
       : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {

@@ -1,17 +1,16 @@
 #include "nn/cpu/host_device.h"
 
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
-#include <new>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/pages.h"
 #include "nn/adamw.h"
 #include "nn/cpu/convert.h"
 
@@ -127,15 +126,9 @@ std::string HostDevice::name() const {
   return options_.private_memory ? "cpu (queued, private memory)" : "cpu (queued)";
 }
 
-void* HostDevice::allocate(std::size_t bytes) {
-  const std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, rounded);  // touched now, not in the first step
-  return p;
-}
+void* HostDevice::allocate(std::size_t bytes) { return allocate_pages(bytes); }  // touched now, not in step 1
 
-void HostDevice::release(void* p) noexcept { std::free(p); }
+void HostDevice::release(void* p) noexcept { release_pages(p); }
 
 void HostDevice::push(std::function<void()> fn) { queue_->push(std::move(fn)); }
 
