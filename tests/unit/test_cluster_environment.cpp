@@ -27,6 +27,12 @@ std::string env_error(const EnvMap& vars) {
   return "";
 }
 
+// `vars` with the variables in `set` set (added, or replacing what was there).
+EnvMap with(EnvMap vars, const EnvMap& set) {
+  for (const auto& [name, value] : set) vars[name] = value;
+  return vars;
+}
+
 // What dtrain-launch gives rank 3 of 8 (4 per node).
 EnvMap launcher_vars() {
   return {{"DTRAIN_RANK", "3"},       {"DTRAIN_WORLD_SIZE", "8"},
@@ -69,33 +75,23 @@ EnvMap torchrun_vars() {
 
 TEST(ClusterEnvironment, NothingIsASingleProcess) {
   const Environment env = detect_environment({{"HOME", "/root"}, {"PATH", "/bin"}});
-  EXPECT_EQ(env.starter, Starter::single);
-  EXPECT_EQ(env.rank, 0);
-  EXPECT_EQ(env.world_size, 1);
-  EXPECT_EQ(env.local_rank, 0);
-  EXPECT_EQ(env.local_world_size, 1);
-  EXPECT_EQ(env.node_rank, 0);
+  // describe() names the starter, rank, world size, local rank and size, and
+  // node: this one line checks all six.
+  EXPECT_EQ(env.describe(), "rank 0 of 1 (local 0 of 1, node 0), started by single");
   EXPECT_FALSE(env.pmix);
   EXPECT_FALSE(env.store.has_value());
   EXPECT_EQ(env.token, "");
   EXPECT_EQ(env.run_id, "");
-  EXPECT_EQ(env.describe(), "rank 0 of 1 (local 0 of 1, node 0), started by single");
 }
 
 TEST(ClusterEnvironment, LauncherFullSet) {
   const Environment env = detect_environment(launcher_vars());
-  EXPECT_EQ(env.starter, Starter::launcher);
-  EXPECT_EQ(env.rank, 3);
-  EXPECT_EQ(env.world_size, 8);
-  EXPECT_EQ(env.local_rank, 3);
-  EXPECT_EQ(env.local_world_size, 4);
-  EXPECT_EQ(env.node_rank, 0);
+  EXPECT_EQ(env.describe(), "rank 3 of 8 (local 3 of 4, node 0), started by dtrain-launch");
   EXPECT_EQ(env.store, "node1:29500");
   EXPECT_EQ(env.token, "secret");
   EXPECT_EQ(env.run_id, "run-7");
   EXPECT_EQ(env.restart, 2);
   EXPECT_FALSE(env.pmix);
-  EXPECT_EQ(env.describe(), "rank 3 of 8 (local 3 of 4, node 0), started by dtrain-launch");
 }
 
 TEST(ClusterEnvironment, LauncherMinimalSetDefaultsToOneNode) {
@@ -161,54 +157,33 @@ TEST(ClusterEnvironment, EmptyValuesCountAsUnset) {
 }
 
 TEST(ClusterEnvironment, MalformedIntegersNameVariableAndValue) {
-  EnvMap vars = launcher_vars();
-  vars["DTRAIN_RANK"] = "3x";
-  EXPECT_THAT(env_error(vars), AllOf(HasSubstr("DTRAIN_RANK='3x'"), HasSubstr("not an integer")));
-  vars = launcher_vars();
-  vars["DTRAIN_WORLD_SIZE"] = " 8";
-  EXPECT_THAT(env_error(vars), HasSubstr("DTRAIN_WORLD_SIZE=' 8'"));
-  vars = launcher_vars();
-  vars["DTRAIN_RESTART"] = "99999999999";
-  EXPECT_THAT(env_error(vars),
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_RANK", "3x"}})),
+              AllOf(HasSubstr("DTRAIN_RANK='3x'"), HasSubstr("not an integer")));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_WORLD_SIZE", " 8"}})), HasSubstr("DTRAIN_WORLD_SIZE=' 8'"));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_RESTART", "99999999999"}})),
               AllOf(HasSubstr("DTRAIN_RESTART='99999999999'"), HasSubstr("out of range")));
-  vars = mpirun_vars();
-  vars["OMPI_COMM_WORLD_LOCAL_SIZE"] = "four";
-  EXPECT_THAT(env_error(vars), HasSubstr("OMPI_COMM_WORLD_LOCAL_SIZE='four'"));
-  vars = srun_vars();
-  vars["SLURM_LOCALID"] = "1.0";
-  EXPECT_THAT(env_error(vars), HasSubstr("SLURM_LOCALID='1.0'"));
-  vars = srun_vars();
-  vars["PMIX_RANK"] = "-";
-  EXPECT_THAT(env_error(vars), HasSubstr("PMIX_RANK='-'"));
+  EXPECT_THAT(env_error(with(mpirun_vars(), {{"OMPI_COMM_WORLD_LOCAL_SIZE", "four"}})),
+              HasSubstr("OMPI_COMM_WORLD_LOCAL_SIZE='four'"));
+  EXPECT_THAT(env_error(with(srun_vars(), {{"SLURM_LOCALID", "1.0"}})), HasSubstr("SLURM_LOCALID='1.0'"));
+  EXPECT_THAT(env_error(with(srun_vars(), {{"PMIX_RANK", "-"}})), HasSubstr("PMIX_RANK='-'"));
 }
 
 TEST(ClusterEnvironment, RanksOutOfRangeNameTheVariables) {
-  EnvMap vars = launcher_vars();
-  vars["DTRAIN_RANK"] = "8";
-  EXPECT_THAT(env_error(vars),
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_RANK", "8"}})),
               AllOf(HasSubstr("DTRAIN_RANK=8 is outside 0..7"), HasSubstr("DTRAIN_WORLD_SIZE=8")));
-  vars["DTRAIN_RANK"] = "-1";
-  EXPECT_THAT(env_error(vars), HasSubstr("DTRAIN_RANK=-1 is outside"));
-  vars = launcher_vars();
-  vars["DTRAIN_WORLD_SIZE"] = "0";
-  vars["DTRAIN_RANK"] = "0";
-  EXPECT_THAT(env_error(vars), HasSubstr("DTRAIN_WORLD_SIZE=0 must be at least 1"));
-  vars = launcher_vars();
-  vars["DTRAIN_LOCAL_RANK"] = "4";
-  EXPECT_THAT(env_error(vars), AllOf(HasSubstr("DTRAIN_LOCAL_RANK=4 is outside 0..3"),
-                                     HasSubstr("DTRAIN_LOCAL_WORLD_SIZE=4")));
-  vars = launcher_vars();
-  vars["DTRAIN_LOCAL_WORLD_SIZE"] = "9";
-  EXPECT_THAT(env_error(vars), HasSubstr("DTRAIN_LOCAL_WORLD_SIZE=9 must be between 1 and"));
-  vars = launcher_vars();
-  vars["DTRAIN_NODE_RANK"] = "-2";
-  EXPECT_THAT(env_error(vars), HasSubstr("DTRAIN_NODE_RANK=-2 must not be negative"));
-  vars = launcher_vars();
-  vars["DTRAIN_RESTART"] = "-1";
-  EXPECT_THAT(env_error(vars), HasSubstr("DTRAIN_RESTART=-1 must not be negative"));
-  vars = mpirun_vars();
-  vars["OMPI_COMM_WORLD_RANK"] = "9";
-  EXPECT_THAT(env_error(vars), AllOf(HasSubstr("OMPI_COMM_WORLD_RANK=9"), HasSubstr("mpirun")));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_RANK", "-1"}})), HasSubstr("DTRAIN_RANK=-1 is outside"));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_WORLD_SIZE", "0"}, {"DTRAIN_RANK", "0"}})),
+              HasSubstr("DTRAIN_WORLD_SIZE=0 must be at least 1"));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_LOCAL_RANK", "4"}})),
+              AllOf(HasSubstr("DTRAIN_LOCAL_RANK=4 is outside 0..3"), HasSubstr("DTRAIN_LOCAL_WORLD_SIZE=4")));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_LOCAL_WORLD_SIZE", "9"}})),
+              HasSubstr("DTRAIN_LOCAL_WORLD_SIZE=9 must be between 1 and"));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_NODE_RANK", "-2"}})),
+              HasSubstr("DTRAIN_NODE_RANK=-2 must not be negative"));
+  EXPECT_THAT(env_error(with(launcher_vars(), {{"DTRAIN_RESTART", "-1"}})),
+              HasSubstr("DTRAIN_RESTART=-1 must not be negative"));
+  EXPECT_THAT(env_error(with(mpirun_vars(), {{"OMPI_COMM_WORLD_RANK", "9"}})),
+              AllOf(HasSubstr("OMPI_COMM_WORLD_RANK=9"), HasSubstr("mpirun")));
 }
 
 TEST(ClusterEnvironment, StoreAddressIsValidated) {
@@ -239,14 +214,8 @@ TEST(ClusterEnvironment, ParseHostPort) {
 
 TEST(ClusterEnvironment, MpirunWithoutPmix) {
   const Environment env = detect_environment(mpirun_vars());
-  EXPECT_EQ(env.starter, Starter::mpirun);
-  EXPECT_EQ(env.rank, 5);
-  EXPECT_EQ(env.world_size, 8);
-  EXPECT_EQ(env.local_rank, 1);
-  EXPECT_EQ(env.local_world_size, 4);
-  EXPECT_EQ(env.node_rank, 1);
-  EXPECT_FALSE(env.pmix);
   EXPECT_EQ(env.describe(), "rank 5 of 8 (local 1 of 4, node 1), started by mpirun");
+  EXPECT_FALSE(env.pmix);
 }
 
 TEST(ClusterEnvironment, MpirunWithPmix) {
@@ -297,12 +266,7 @@ TEST(ClusterEnvironment, MpirunWinsOverSlurm) {
 
 TEST(ClusterEnvironment, SrunWithoutPmix) {
   const Environment env = detect_environment(srun_vars());
-  EXPECT_EQ(env.starter, Starter::slurm);
-  EXPECT_EQ(env.rank, 5);
-  EXPECT_EQ(env.world_size, 7);
-  EXPECT_EQ(env.local_rank, 0);
-  EXPECT_EQ(env.local_world_size, 2);
-  EXPECT_EQ(env.node_rank, 2);
+  EXPECT_EQ(env.describe(), "rank 5 of 7 (local 0 of 2, node 2), started by srun");
   EXPECT_FALSE(env.pmix);
   EXPECT_EQ(env.slurm_job_id, "1234");
   EXPECT_EQ(env.slurm_step_id, "0");
@@ -311,7 +275,6 @@ TEST(ClusterEnvironment, SrunWithoutPmix) {
   // The store: rank 0's node (the step's first) on the job and step's port.
   EXPECT_EQ(env.store, "n01:" + std::to_string(slurm_store_port("1234", "0")));
   EXPECT_TRUE(env.store_from_slurm);
-  EXPECT_EQ(env.describe(), "rank 5 of 7 (local 0 of 2, node 2), started by srun");
 }
 
 TEST(ClusterEnvironment, SrunWithPmix) {

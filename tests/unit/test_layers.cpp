@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -51,17 +52,38 @@ struct LayerNormCase {
     layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), n, c);
     return dot(y.data(), r.data(), n * c);
   }
+
+  struct Gradients {
+    std::vector<float> dx, dw, db;
+  };
+  // Every element of dx set to dx_fill, of dw to dw_fill, of db to db_fill.
+  static Gradients filled(float dx_fill, float dw_fill = 0.0f, float db_fill = 0.0f) {
+    return {std::vector<float>(n * c, dx_fill), std::vector<float>(c, dw_fill), std::vector<float>(c, db_fill)};
+  }
+
+  // Backward of loss(), after a call of it, into g; dx_sums as layernorm_backward takes it.
+  Gradients backward(Gradients g, bool accumulate_dx, float* dx_sums = nullptr) {
+    layernorm_backward(r.data(), x.data(), w.data(), mean.data(), rstd.data(), g.dx.data(), g.dw.data(),
+                       g.db.data(), n, c, accumulate_dx, dx_sums);
+    return g;
+  }
 };
+
+// Mean and biased variance of row i of a [rows, c] matrix, in double.
+std::pair<double, double> row_moments(const std::vector<float>& v, std::int64_t i, std::int64_t c) {
+  double m = 0.0, sq = 0.0;
+  for (std::int64_t j = 0; j < c; ++j) m += v[i * c + j];
+  m /= c;
+  for (std::int64_t j = 0; j < c; ++j) sq += std::pow(v[i * c + j] - m, 2);
+  return {m, sq / c};
+}
 
 TEST(LayerNorm, ForwardMatchesDoubleReference) {
   LayerNormCase lc;
   lc.loss();
   for (std::int64_t i = 0; i < lc.n; ++i) {
-    double m = 0.0, var = 0.0;
-    for (std::int64_t j = 0; j < lc.c; ++j) m += lc.x[i * lc.c + j];
-    m /= lc.c;
-    for (std::int64_t j = 0; j < lc.c; ++j) var += std::pow(lc.x[i * lc.c + j] - m, 2);
-    const double rs = 1.0 / std::sqrt(var / lc.c + kLayerNormEps);
+    const auto [m, var] = row_moments(lc.x, i, lc.c);
+    const double rs = 1.0 / std::sqrt(var + kLayerNormEps);
     EXPECT_NEAR(lc.mean[i], m, 1e-6);              // |x| ~ 2: a few ulp
     EXPECT_NEAR(lc.rstd[i], rs, 1e-6 * rs);        // relative
     for (std::int64_t j = 0; j < lc.c; ++j) {
@@ -91,55 +113,42 @@ TEST(LayerNorm, NormalisesToZeroMeanUnitVarianceBeforeAffine) {
   std::fill(lc.b.begin(), lc.b.end(), 0.0f);
   lc.loss();
   for (std::int64_t i = 0; i < lc.n; ++i) {
-    double m = 0.0, sq = 0.0;
-    for (std::int64_t j = 0; j < lc.c; ++j) m += lc.y[i * lc.c + j];
-    m /= lc.c;
-    for (std::int64_t j = 0; j < lc.c; ++j) sq += std::pow(lc.y[i * lc.c + j] - m, 2);
+    const auto [m, var] = row_moments(lc.y, i, lc.c);
     EXPECT_NEAR(m, 0.0, 1e-6);
     // Biased variance var / (var + eps): within 1e-4 of 1 for var(x) ~ 4 (eps/var ~ 3e-6).
-    EXPECT_NEAR(sq / lc.c, 1.0, 1e-4);
+    EXPECT_NEAR(var, 1.0, 1e-4);
   }
 }
 
 TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   LayerNormCase lc;
   lc.loss();
-  const auto nc = static_cast<std::size_t>(lc.n * lc.c);
-  std::vector<float> dx(nc), dw(lc.c, 0.0f), db(lc.c, 0.0f);
-  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
-                     dx.data(), dw.data(), db.data(), lc.n, lc.c, false);
+  auto g = lc.backward(LayerNormCase::filled(0.0f), false);
   const FdTolerance tol{1e-2, 2e-3, 1e-4, 20};
   std::mt19937 rng(5);
   auto loss = [&] { return lc.loss(); };
-  check_gradient("dx", lc.x.data(), dx.data(), lc.n * lc.c, loss, tol, rng);
-  check_gradient("dweight", lc.w.data(), dw.data(), lc.c, loss, tol, rng);
-  check_gradient("dbias", lc.b.data(), db.data(), lc.c, loss, tol, rng);
+  check_gradient("dx", lc.x.data(), g.dx.data(), lc.n * lc.c, loss, tol, rng);
+  check_gradient("dweight", lc.w.data(), g.dw.data(), lc.c, loss, tol, rng);
+  check_gradient("dbias", lc.b.data(), g.db.data(), lc.c, loss, tol, rng);
 }
 
 TEST(LayerNorm, BackwardAccumulatesIntoExistingGradients) {
   LayerNormCase lc;
   lc.loss();
-  const auto nc = static_cast<std::size_t>(lc.n * lc.c);
-  std::vector<float> dx(nc), dw(lc.c, 0.0f), db(lc.c, 0.0f);
-  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
-                     dx.data(), dw.data(), db.data(), lc.n, lc.c, false);
+  const auto g = lc.backward(LayerNormCase::filled(0.0f), false);
   // accumulate_dx: dx, dweight and dbias all add to what is there. 1e-6: the
   // compiler may fuse the add into an FMA, rounding once instead of twice.
-  std::vector<float> dx2(nc, 0.5f), dw2(lc.c, 0.25f), db2(lc.c, -0.75f);
-  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
-                     dx2.data(), dw2.data(), db2.data(), lc.n, lc.c, true);
-  for (std::size_t i = 0; i < nc; ++i) EXPECT_NEAR(dx2[i], 0.5f + dx[i], 1e-6);
+  const auto added = lc.backward(LayerNormCase::filled(0.5f, 0.25f, -0.75f), true);
+  for (std::size_t i = 0; i < g.dx.size(); ++i) EXPECT_NEAR(added.dx[i], 0.5f + g.dx[i], 1e-6);
   for (std::int64_t j = 0; j < lc.c; ++j) {
-    EXPECT_NEAR(dw2[j], 0.25f + dw[j], 1e-6);
-    EXPECT_NEAR(db2[j], -0.75f + db[j], 1e-6);
+    EXPECT_NEAR(added.dw[j], 0.25f + g.dw[j], 1e-6);
+    EXPECT_NEAR(added.db[j], -0.75f + g.db[j], 1e-6);
   }
   // Without accumulate_dx, dx is overwritten (garbage before is ignored).
   // Not bitwise: the vectorised body and the scalar tail round differently and
   // where the split falls depends on the address of dx.
-  std::vector<float> dx3(nc, kNaN), dw3(lc.c, 0.0f), db3(lc.c, 0.0f);
-  layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(),
-                     dx3.data(), dw3.data(), db3.data(), lc.n, lc.c, false);
-  for (std::size_t i = 0; i < nc; ++i) EXPECT_NEAR(dx3[i], dx[i], 1e-6);
+  const auto over = lc.backward(LayerNormCase::filled(kNaN), false);
+  for (std::size_t i = 0; i < g.dx.size(); ++i) EXPECT_NEAR(over.dx[i], g.dx[i], 1e-6);
 }
 
 // dx_sums: the column sums of dx as the pass leaves it, bit for bit the sum
@@ -148,20 +157,18 @@ TEST(LayerNorm, BackwardAccumulatesIntoExistingGradients) {
 TEST(LayerNorm, BackwardSumsTheColumnsOfDxInTheSamePass) {
   LayerNormCase lc;
   lc.loss();
-  const auto nc = static_cast<std::size_t>(lc.n * lc.c);
   for (const bool accumulate : {false, true}) {
-    std::vector<float> dx(nc, 0.5f), dw(lc.c, 0.0f), db(lc.c, 0.0f);
-    layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(), dx.data(),
-                       dw.data(), db.data(), lc.n, lc.c, accumulate);
-    std::vector<float> dx2(nc, 0.5f), dw2(lc.c, 0.0f), db2(lc.c, 0.0f), sums(lc.c, kNaN);
-    layernorm_backward(lc.r.data(), lc.x.data(), lc.w.data(), lc.mean.data(), lc.rstd.data(), dx2.data(),
-                       dw2.data(), db2.data(), lc.n, lc.c, accumulate, sums.data());
-    for (std::size_t i = 0; i < nc; ++i) EXPECT_NEAR(dx2[i], dx[i], 1e-6);  // the split of body and tail may move
-    EXPECT_EQ(dw2, dw);
-    EXPECT_EQ(db2, db);
+    const auto g = lc.backward(LayerNormCase::filled(0.5f), accumulate);
+    std::vector<float> sums(lc.c, kNaN);
+    const auto summed = lc.backward(LayerNormCase::filled(0.5f), accumulate, sums.data());
+    for (std::size_t i = 0; i < g.dx.size(); ++i) {
+      EXPECT_NEAR(summed.dx[i], g.dx[i], 1e-6);  // the split of body and tail may move
+    }
+    EXPECT_EQ(summed.dw, g.dw);
+    EXPECT_EQ(summed.db, g.db);
     std::vector<float> expected(lc.c, 0.0f);
     for (std::int64_t i = 0; i < lc.n; ++i) {
-      for (std::int64_t j = 0; j < lc.c; ++j) expected[j] += dx2[i * lc.c + j];
+      for (std::int64_t j = 0; j < lc.c; ++j) expected[j] += summed.dx[i * lc.c + j];
     }
     EXPECT_EQ(sums, expected) << "accumulate_dx = " << accumulate;
   }

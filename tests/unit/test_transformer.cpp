@@ -34,15 +34,27 @@ using testing::random_normal;
 
 // ----------------------------------------------------------------- fixtures
 
-ModelConfig lm_config(bool tied) {
+// A model's sizes, named where they are given.
+struct Sizes {
+  std::int64_t vocab, d_model, heads, layers, d_ff, max_seq_len;
+};
+
+ModelConfig sized(ModelConfig::Kind kind, const Sizes& s) {
   ModelConfig c;
-  c.kind = ModelConfig::Kind::lm;
-  c.vocab_size = 11;
-  c.d_model = 8;
-  c.n_heads = 2;
-  c.n_layers = 2;
-  c.d_ff = 16;
-  c.max_seq_len = 6;  // > seq: the unused position rows must get zero gradient
+  c.kind = kind;
+  c.vocab_size = s.vocab;
+  c.d_model = s.d_model;
+  c.n_heads = s.heads;
+  c.n_layers = s.layers;
+  c.d_ff = s.d_ff;
+  c.max_seq_len = s.max_seq_len;
+  return c;
+}
+
+ModelConfig lm_config(bool tied) {
+  // max_seq_len > seq: the unused position rows must get zero gradient.
+  ModelConfig c = sized(ModelConfig::Kind::lm,
+                        {.vocab = 11, .d_model = 8, .heads = 2, .layers = 2, .d_ff = 16, .max_seq_len = 6});
   c.tie_embeddings = tied;
   return c;
 }
@@ -505,14 +517,8 @@ TEST(Transformer, GpuAttentionScratchIsWholeBatchUpToItsLimit) {
 }
 
 TEST(TransformerTraining, LmOverfitsAFixedBatch) {
-  ModelConfig c;
-  c.kind = ModelConfig::Kind::lm;
-  c.vocab_size = 16;
-  c.d_model = 32;
-  c.n_heads = 4;
-  c.n_layers = 2;
-  c.d_ff = 64;
-  c.max_seq_len = 8;
+  const ModelConfig c = sized(ModelConfig::Kind::lm,
+                              {.vocab = 16, .d_model = 32, .heads = 4, .layers = 2, .d_ff = 64, .max_seq_len = 8});
   constexpr std::int64_t B = 4, T = 8;
   Harness h(c, B, T, 3);
   // Sequences of T + 1 tokens with distinct first tokens, so every target is
@@ -545,14 +551,8 @@ TEST(TransformerTraining, LmOverfitsAFixedBatch) {
 // label = 1 iff token 3 appears more often than token 5. Linear in the token
 // counts, which the mean-pooled classifier can read; held-out accuracy >= 99%.
 TEST(TransformerTraining, ClassifierLearnsACountingRule) {
-  ModelConfig c;
-  c.kind = ModelConfig::Kind::classifier;
-  c.vocab_size = 8;
-  c.d_model = 16;
-  c.n_heads = 2;
-  c.n_layers = 1;
-  c.d_ff = 32;
-  c.max_seq_len = 8;
+  ModelConfig c = sized(ModelConfig::Kind::classifier,
+                        {.vocab = 8, .d_model = 16, .heads = 2, .layers = 1, .d_ff = 32, .max_seq_len = 8});
   c.num_classes = 2;
   constexpr std::int64_t B = 32, T = 8;
   Harness h(c, B, T, 5);
@@ -609,14 +609,8 @@ TEST(Transformer, IdenticalRunsAreBitwiseIdentical) {
 }
 
 ModelConfig init_config() {
-  ModelConfig c;
-  c.vocab_size = 256;
-  c.d_model = 64;
-  c.n_heads = 4;
-  c.n_layers = 2;
-  c.d_ff = 256;
-  c.max_seq_len = 64;
-  return c;
+  return sized(ModelConfig::Kind::lm,
+               {.vocab = 256, .d_model = 64, .heads = 4, .layers = 2, .d_ff = 256, .max_seq_len = 64});
 }
 
 // N(0, 0.02): for n >= 4096 samples the sample std has a relative sd of
