@@ -106,11 +106,8 @@ TEST(ClusterEnvironment, LauncherMinimalSetDefaultsToOneNode) {
 
 TEST(ClusterEnvironment, LauncherIgnoresMpiAndSlurmVariables) {
   // `srun dtrain-launch` hands its workers srun's SLURM_* as well.
-  EnvMap vars = launcher_vars();
-  for (const auto& [name, value] : srun_vars()) vars[name] = value;
-  vars["PMIX_RANK"] = "0";
-  vars["OMPI_COMM_WORLD_RANK"] = "0";
-  vars["OMPI_COMM_WORLD_SIZE"] = "2";
+  const EnvMap vars = with(with(launcher_vars(), srun_vars()),
+                           {{"PMIX_RANK", "0"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
   const Environment env = detect_environment(vars);
   EXPECT_EQ(env.starter, Starter::launcher);
   EXPECT_EQ(env.rank, 3);
@@ -259,9 +256,7 @@ TEST(ClusterEnvironment, MpirunHonoursUserRunVariables) {
 }
 
 TEST(ClusterEnvironment, MpirunWinsOverSlurm) {
-  EnvMap vars = srun_vars();
-  for (const auto& [name, value] : mpirun_vars()) vars[name] = value;
-  EXPECT_EQ(detect_environment(vars).starter, Starter::mpirun);
+  EXPECT_EQ(detect_environment(with(srun_vars(), mpirun_vars())).starter, Starter::mpirun);
 }
 
 TEST(ClusterEnvironment, SrunWithoutPmix) {
@@ -455,18 +450,14 @@ TEST(ClusterEnvironment, TorchrunPartialSetsNameTheVariables) {
 }
 
 TEST(ClusterEnvironment, PrecedenceLauncherThenTorchrunThenMpirunThenSrun) {
-  EnvMap vars = srun_vars();
-  for (const auto& [name, value] : mpirun_vars()) vars[name] = value;
-  vars["PMIX_RANK"] = "5";
-  for (const auto& [name, value] : torchrun_vars()) vars[name] = value;
+  const EnvMap vars = with(with(with(srun_vars(), mpirun_vars()), {{"PMIX_RANK", "5"}}), torchrun_vars());
   // torchrun started by srun or mpirun: its workers inherit the agent's placement, which is not theirs.
   Environment env = detect_environment(vars);
   EXPECT_EQ(env.starter, Starter::torchrun);
   EXPECT_EQ(env.rank, 3);
   EXPECT_FALSE(env.pmix);
   // dtrain-launch sets both families; its own wins.
-  for (const auto& [name, value] : launcher_vars()) vars[name] = value;
-  env = detect_environment(vars);
+  env = detect_environment(with(vars, launcher_vars()));
   EXPECT_EQ(env.starter, Starter::launcher);
   EXPECT_EQ(env.store, "node1:29500");
   EXPECT_EQ(env.restart, 2);
