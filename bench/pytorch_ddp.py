@@ -33,12 +33,11 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from pytorch_models import (VARIANTS, blas_library, candidates, compile_model, interpreter,
-                            links_system_blas, load_config, make_batch, make_optimizer,
-                            parse_figures, prepare_model, variant_env, warmup_steps)
+                            links_system_blas, load_config, make_optimizer, parse_figures,
+                            prepare_model, timed_steps, variant_env, warmup_steps)
 
 # The fastest variants of bench/pytorch_train.py --allow-coretype here
 # (cls-seed: mkldnn-linear-keepmem-jit; lm-small: openblas-avx512-keepmem);
@@ -88,18 +87,7 @@ def run_rank(args, c):
     opt = make_optimizer(model, c)
     model = compile_model(model, var)
     gen = torch.Generator().manual_seed(1 + rank)  # each rank its own batches
-    times = []
-    warmup = warmup_steps(var, args.warmup)
-    for step in range(warmup + args.steps):
-        tokens, targets = make_batch(c, gen)
-        t0 = time.perf_counter()
-        loss = model(tokens, targets)
-        loss.backward()   # DDP all-reduces (averages) gradient buckets as they become ready
-        torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
-        opt.step()
-        opt.zero_grad(set_to_none=False)  # keeps the gradient buffers (and bucket views)
-        if step >= warmup:
-            times.append(time.perf_counter() - t0)
+    times, loss = timed_steps(model, opt, c, gen, warmup_steps(var, args.warmup), args.steps)
     # A step ends when the slowest rank's does.
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)

@@ -1,8 +1,9 @@
 """Shared by bench/pytorch_train.py (one process) and bench/pytorch_ddp.py
 (DistributedDataParallel): the PyTorch twins of dtrain's example models
-(pre-LN Transformers read from examples/configs/*.json), their optimizer and
-batches, and the table of fp32 variants (BLAS library, nn.Linear engine,
-malloc policy, torch.compile), each fixed at process start by its environment.
+(pre-LN Transformers read from examples/configs/*.json), their optimizer,
+batches and timed training loop, and the table of fp32 variants (BLAS
+library, nn.Linear engine, malloc policy, torch.compile), each fixed at
+process start by its environment.
 
 The same code runs under Debian's python3-torch 1.13 and PyPI's torch 2.x
 (scripts/setup-torch.sh): which variants apply depends on the interpreter
@@ -255,6 +256,25 @@ def make_batch(c, gen):
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
     return (torch.randint(0, c["vocab"], (B, T), generator=gen),
             torch.randint(0, c["classes"], (B,), generator=gen))
+
+
+def timed_steps(model, opt, c, gen, warmup, steps):
+    """Trains warmup + steps steps on batches drawn from `gen`: (the seconds of
+    each timed step, the last step's loss)."""
+    import torch
+    times = []
+    for step in range(warmup + steps):
+        tokens, targets = make_batch(c, gen)
+        t0 = time.perf_counter()
+        loss = model(tokens, targets)
+        loss.backward()   # under DDP: all-reduces (averages) gradient buckets as they become ready
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
+        opt.step()
+        # Keeps the gradient buffers (and DDP's bucket views): no fresh pages.
+        opt.zero_grad(set_to_none=False)
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times, loss
 
 
 def gemm_peak_gflops(linear_impl, n=2048, min_seconds=1.0):

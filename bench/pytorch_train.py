@@ -28,12 +28,11 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from pytorch_models import (VARIANTS, blas_library, candidates, compile_model, flops_per_token,
-                            gemm_peak_gflops, interpreter, load_config, make_batch,
-                            make_optimizer, parse_figures, prepare_model, variant_env,
+                            gemm_peak_gflops, interpreter, load_config, make_optimizer,
+                            parse_figures, prepare_model, timed_steps, variant_env,
                             warmup_steps)
 
 
@@ -65,18 +64,7 @@ def run_variant(args, c):
     opt = make_optimizer(model, c)
     model = compile_model(model, var)
     gen = torch.Generator().manual_seed(1)
-    times = []
-    warmup = warmup_steps(var, args.warmup)
-    for step in range(warmup + args.steps):
-        tokens, targets = make_batch(c, gen)
-        t0 = time.perf_counter()
-        loss = model(tokens, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip"])
-        opt.step()
-        opt.zero_grad(set_to_none=False)  # keeps the gradient buffers: no fresh pages
-        if step >= warmup:
-            times.append(time.perf_counter() - t0)
+    times, loss = timed_steps(model, opt, c, gen, warmup_steps(var, args.warmup), args.steps)
     step_s = statistics.mean(times)  # as dtrain-bench: tokens/s from the mean step
     tokens_per_s = c["batch"] * c["seq"] / step_s
     peak = gemm_peak_gflops(var["linear"])
