@@ -391,6 +391,14 @@ void with_head_dim(std::int64_t hd, Fn fn) {
 
 unsigned row_grid(std::int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// Launches kernel(args...) with a warp per row of `rows` on `stream`, then
+// checks the launch. For the softmax row kernels.
+template <class... Params, class... Args>
+void launch_rows(void (*kernel)(Params...), std::int64_t rows, cudaStream_t stream, Args... args) {
+  kernel<<<row_grid(rows), kBlock, 0, stream>>>(args...);
+  DTRAIN_CUDA_LAUNCHED();
+}
+
 // The one-pass kernels' grid: (pairs, blocks of kFlashRows rows).
 dim3 flash_grid(std::int64_t pairs, std::int64_t seq) {
   return dim3(static_cast<unsigned>(pairs), static_cast<unsigned>((seq + kFlashRows - 1) / kFlashRows));
@@ -427,24 +435,21 @@ void AttentionOps<D>::write_grads(const AttentionGroup<T>& g, T* d_qkv) {
 template <DType D>
 void AttentionOps<D>::softmax(const AttentionGroup<T>& g, const AttentionTile& t) {
   const std::int64_t rows = g.pairs * t.rows;
-  softmax_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.scores, g.probs, g.lse, rows,
-                                                                 TileRows{seq_, t.row0, t.rows, t.keys, causal_});
-  DTRAIN_CUDA_LAUNCHED();
+  launch_rows(softmax_rows_kernel<D>, rows, stream_, g.scores, g.probs, g.lse, rows,
+              TileRows{seq_, t.row0, t.rows, t.keys, causal_});
 }
 
 template <DType D>
 void AttentionOps<D>::probs(const AttentionGroup<T>& g, const AttentionTile& t) {
   const std::int64_t rows = g.pairs * t.rows;
-  probs_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.scores, g.lse, g.probs, rows,
-                                                               TileRows{seq_, t.row0, t.rows, t.keys, causal_});
-  DTRAIN_CUDA_LAUNCHED();
+  launch_rows(probs_rows_kernel<D>, rows, stream_, g.scores, g.lse, g.probs, rows,
+              TileRows{seq_, t.row0, t.rows, t.keys, causal_});
 }
 
 template <DType D>
 void AttentionOps<D>::softmax_backward(const AttentionGroup<T>& g, const AttentionTile& t) {
   const std::int64_t rows = g.pairs * t.rows;
-  softmax_backward_rows_kernel<D><<<row_grid(rows), kBlock, 0, stream_>>>(g.probs, g.dp, g.d_scores, rows, t.keys);
-  DTRAIN_CUDA_LAUNCHED();
+  launch_rows(softmax_backward_rows_kernel<D>, rows, stream_, g.probs, g.dp, g.d_scores, rows, t.keys);
 }
 
 template <DType D>
