@@ -5,7 +5,13 @@ function(dtrain_target_defaults target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Werror -Wno-error=deprecated-declarations>
     # errno from math functions is never read; without this GCC cannot vectorise sqrt.
-    $<$<COMPILE_LANGUAGE:CXX>:-fno-math-errno>)
+    $<$<COMPILE_LANGUAGE:CXX>:-fno-math-errno>
+    # Floating-point exception flags are never read either. Without this, on a
+    # CPU without AVX-512's masks (AVX2 only), GCC keeps every select with a
+    # float operation on one side (fast_exp's underflow to 0, dropout's keep)
+    # as a branch, and the loops around them scalar: GELU's forward with its
+    # derivative, softmax, cross-entropy, dropout. Values are unchanged.
+    $<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math>)
   if(DTRAIN_NATIVE)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   endif()
