@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "nn/cpu/matmul.h"
 #include "nn/transformer.h"
 #include "worker/precision.h"
 #include "worker/trainer.h"
@@ -66,13 +67,20 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
                                                  model.d_model / std::max(model.n_heads, std::int64_t{1}))
                      : nn::AttentionScratchKind::none);
   plan.loader_bytes = loader_bytes(c, seq_len, c.data().prefetch()) + loader_bytes(c, seq_len, 0);
+  // Resident now: the process, its data and, on the host, oneDNN's kernels
+  // and the buffers it keeps between calls (its sgemm's, on AVX2: 10 MiB at
+  // lm-small's products), which the largest linear layer's products bring in.
+  if (!plan.on_device) {
+    nn::cpu::warm_up_linear_products(c.train().micro_batch_size() * seq_len, model.d_model,
+                                     std::max(model.d_ff, model.d_model), eo.compute);
+  }
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
   // On the host, every linear's forward and input-gradient products keep a
-  // copy of its weight in the compute precision (f16 runs widened, as
-  // stored). Stage 3 multiplies by its gather slots, which hold layer after
-  // layer at the same places: copies for as many layers as there are slots,
-  // and the head.
-  if (!plan.on_device && eo.compute != DType::f16) {
+  // copy of its weight in the compute precision, where the CPU's kernels
+  // want one (nn::cpu::copies_weights). Stage 3 multiplies by its gather
+  // slots, which hold layer after layer at the same places: copies for as
+  // many layers as there are slots, and the head.
+  if (!plan.on_device && nn::cpu::copies_weights(eo.compute)) {
     std::int64_t copied = model.matmul_params();
     const std::int64_t slots = plan.state.gather_slots;
     if (eo.stage == 3 && model.n_layers > slots) {
@@ -99,7 +107,8 @@ std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
     out += fmt::format("  weight layouts   {:>10.1f} MiB (host, oneDNN's copies)\n", mib(p.weight_copy_bytes));
   }
   out += fmt::format("  data loaders     {:>10.1f} MiB (host)\n", mib(p.loader_bytes));
-  out += fmt::format("  process and data {:>10.1f} MiB (host, resident now)\n", mib(p.resident_bytes));
+  out += fmt::format("  process and data {:>10.1f} MiB (host, resident now, matmul kernels included)\n",
+                     mib(p.resident_bytes));
   out += fmt::format("  host total       {:>10.1f} MiB\n", mib(p.host_total()));
   return out;
 }

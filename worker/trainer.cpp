@@ -10,8 +10,10 @@
 
 #include "core/error.h"
 #include "nn/adamw.h"
+#include "nn/cpu/matmul.h"
 #include "worker/heartbeat.h"
 #include "worker/metrics_publisher.h"
+#include "worker/precision.h"
 #include "worker/signals.h"
 #include "worker/trace.h"
 
@@ -297,6 +299,10 @@ void Trainer::log_run_facts() const {
       static_cast<std::int64_t>(t.micro_batch_size()) * t.grad_accum_steps() * world, tokens_per_step(),
       t.micro_batch_size(), t.grad_accum_steps(), world, world == 1 ? "" : "s", train_samples_, val_samples_,
       options_.write_outputs ? (std::filesystem::path(t.out_dir()) / "config.json").string() : "(not written)");
+  if (config_.device() != "cuda" && compute_dtype(config_) == DType::bf16 && nn::cpu::widens(DType::bf16)) {
+    *options_.console << "note: this CPU has no bf16 matrix kernels (AVX512-BF16 or AMX): precision bf16 runs its "
+                         "matrix products on operands widened to f32, no faster than fp32\n";
+  }
   options_.console->flush();
 }
 

@@ -158,7 +158,8 @@ struct Entry {
   std::array<dnnl_exec_arg_t, 4> args{};
   int nargs = 0;
   std::string impl;
-  // f16 operands run the f32 primitive on widened copies of these extents.
+  // Operands that widen (gemm_widens) run the f32 primitive on widened
+  // copies of these extents.
   bool widen = false;
   std::int64_t extent_a = 0, extent_b = 0, extent_c = 0;
   // packed_b: B as stored -> B in the primitive's layout (`b`), of packed_bytes:
@@ -168,6 +169,10 @@ struct Entry {
   dnnl::memory b_stored;
   std::size_t packed_bytes = 0;
   int blocked_pack = 0;  // 0: reorder; 1: BA16a64b (f32); 2: BA16a64b2a (bf16)
+  // The primitive picked a plain layout for B (row- or column-major: oneDNN's
+  // sgemm, "gemm:jit", which packs its operands itself, as on CPUs with AVX2
+  // alone): a copy would only reorder B, so gemm_weights runs gemm() instead.
+  bool plain_b = false;
 };
 
 // A weight in the layout one cached primitive reads it, made from the
@@ -193,7 +198,7 @@ struct PackedKeyHash {
 struct ThreadCache {
   dnnl::stream stream;
   std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> entries;
-  std::vector<float> wide_a, wide_b, wide_c;  // f16 widening scratch; only grows
+  std::vector<float> wide_a, wide_b, wide_c;  // widening scratch; only grows
   std::unordered_map<PackedKey, Packed, PackedKeyHash> packed;  // gemm_weights' copies
 };
 
@@ -264,8 +269,25 @@ void validate(const Gemm& g, bool with_bias) {
   if (g.a_type != DType::f32 && g.a_type != g.b_type) fail("A and B must share their 16-bit type");
 }
 
-bool uses_f16(const Gemm& g) {
-  return g.a_type == DType::f16 || g.b_type == DType::f16 || g.c_type == DType::f16;
+// Whether oneDNN has a JIT bf16 matmul on this CPU (AVX512-BF16 or AMX, or
+// its AVX-512 emulation); on AVX2 alone it has none (status unimplemented).
+// Asked once, of a small product.
+bool bf16_kernels() {
+  static const bool yes = [] {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::dims dims{64, 64};
+    try {
+      const dnnl::matmul::primitive_desc pd(
+          dnnl::matmul::desc(dnnl::memory::desc(dims, dt::bf16, tag::ab), dnnl::memory::desc(dims, dt::bf16, tag::ab),
+                             dnnl::memory::desc(dims, dt::f32, tag::ab)),
+          cpu_engine());
+      return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return yes;
 }
 
 std::unique_ptr<Entry> create_entry(const Key& key) {
@@ -274,8 +296,8 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
   const Operand oa = operand(g.m, g.k, g.trans_a, g.lda, g.stride_a);
   const Operand ob = operand(g.k, g.n, g.trans_b, g.ldb, g.stride_b);
   const Operand oc = operand(g.m, g.n, false, g.ldc, g.stride_c);
-  // f16 runs the f32 primitive on widened operands (see matmul.h).
-  const bool widen = uses_f16(g);
+  // Widened operands run the f32 primitive (see matmul.h).
+  const bool widen = gemm_widens(g);
   auto type = [widen](DType t) { return widen ? dnnl::memory::data_type::f32 : dnnl_type(t); };
   const dnnl::memory::desc a = describe(oa, g.trans_a, g.batch, type(g.a_type));
   const dnnl::memory::desc b_stored = describe(ob, g.trans_b, g.batch, type(g.b_type));
@@ -319,12 +341,14 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
     entry->b_stored = dnnl::memory(b_stored, cpu_engine(), DNNL_MEMORY_NONE);
     entry->pack = dnnl::reorder(dnnl::reorder::primitive_desc(entry->b_stored, entry->b));
     entry->packed_bytes = pd.weights_desc().get_size();
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::dims dims = b_stored.dims();
+    entry->plain_b = g.batch == 1 && (pd.weights_desc() == dnnl::memory::desc(dims, type(g.b_type), tag::ab) ||
+                                      pd.weights_desc() == dnnl::memory::desc(dims, type(g.b_type), tag::ba));
     // Any ldb: the copy loops read B's rows at ldb (bf16's transposing copy in
     // 32-bit words, so an even ldb there).
     const bool whole_words = g.b_type != DType::bf16 || !g.trans_b || g.ldb % 2 == 0;
     if (g.batch == 1 && whole_words && g.n % kPackN == 0) {
-      using tag = dnnl::memory::format_tag;
-      const dnnl::memory::dims dims = b_stored.dims();
       if (g.b_type == DType::f32 && g.k % 16 == 0 &&
           pd.weights_desc() == dnnl::memory::desc(dims, type(g.b_type), tag::BA16a64b)) {
         entry->blocked_pack = 1;
@@ -393,8 +417,8 @@ const float* widened(const void* p, DType t, std::int64_t n, std::vector<float>&
   return scratch.data();
 }
 
-// f16: widen A, B and C (C too, so its unaddressed padding round-trips
-// exactly), run in f32, narrow C back.
+// Widens A, B and C (C too, so its unaddressed padding round-trips exactly),
+// runs in f32, narrows C back.
 void run_widened(const Gemm& g, Entry& e, const void* a, const void* b, void* c,
                  const float* bias) {
   ThreadCache& cache = thread_cache();
@@ -448,7 +472,7 @@ void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* 
 }
 
 void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bias) {
-  const KernelTimer timer(KernelKind::gemm, flops(g));  // f16's widening included
+  const KernelTimer timer(KernelKind::gemm, flops(g));  // widening included
   Entry& e = lookup(g, bias != nullptr);
   if (e.widen) {
     run_widened(g, e, a, b, c, bias);
@@ -459,20 +483,57 @@ void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bia
 
 void gemm_weights(const Gemm& g, const void* a, const void* b, std::uint64_t b_version, void* c,
                   const float* bias) {
-  if (b_version == 0 || g.batch != 1 || uses_f16(g)) {
+  if (b_version == 0 || g.batch != 1 || gemm_widens(g)) {
     gemm(g, a, b, c, bias);
     return;
   }
   Entry& e = lookup(g, bias != nullptr, /*packed_b=*/true);
+  if (e.plain_b) {
+    gemm(g, a, b, c, bias);
+    return;
+  }
   const void* pb = packed(g, bias != nullptr, e, b, b_version);
   const KernelTimer timer(KernelKind::gemm, flops(g));
   run(g, e, a, pb, c, bias);
 }
 
+void warm_up_linear_products(std::int64_t rows, std::int64_t in, std::int64_t out, DType t) {
+  rows = std::clamp<std::int64_t>(rows, 1, 512);
+  in = std::clamp<std::int64_t>(in, 1, 1024);
+  out = std::clamp<std::int64_t>(out, 1, 1024);
+  const auto most = static_cast<std::size_t>(std::max({rows * in, rows * out, in * out}));
+  std::vector<float> a(most), b(most), c(most);  // zeros, in any type
+  const void* pa = a.data();
+  const void* pb = b.data();
+  void* pc = c.data();
+  auto typed = [t](Gemm g, DType output) {
+    g.a_type = g.b_type = t;
+    g.c_type = output;
+    return g;
+  };
+  gemm(typed(Gemm{.m = rows, .n = out, .k = in, .trans_b = true}, t), pa, pb, pc);
+  gemm(typed(Gemm{.m = rows, .n = in, .k = out}, t), pa, pb, pc);
+  gemm(typed(Gemm{.m = out, .n = in, .k = rows, .trans_a = true, .accumulate = true}, DType::f32), pa, pb, pc);
+}
+
 std::string gemm_impl_info(const Gemm& g, bool with_bias) { return lookup(g, with_bias).impl; }
 
+bool widens(DType t) { return t == DType::f16 || (t == DType::bf16 && !bf16_kernels()); }
+
+bool gemm_widens(const Gemm& g) { return widens(g.a_type) || widens(g.b_type) || widens(g.c_type); }
+
+bool copies_weights(DType t) {
+  if (widens(t)) return false;
+  Gemm g{.m = 64, .n = 64, .k = 64, .trans_b = true};  // a linear layer's forward
+  g.a_type = g.b_type = g.c_type = t;
+  return !lookup(g, false, /*packed_b=*/true).plain_b;
+}
+
 std::string gemm_weights_pack_info(const Gemm& g, bool with_bias) {
-  switch (lookup(g, with_bias, /*packed_b=*/true).blocked_pack) {
+  if (gemm_widens(g)) return "none: widened as stored";
+  const Entry& e = lookup(g, with_bias, /*packed_b=*/true);
+  if (e.plain_b) return "none: plain layout";
+  switch (e.blocked_pack) {
     case 1: return "copy BA16a64b";
     case 2: return "copy BA16a64b2a";
     default: return "reorder";

@@ -33,9 +33,11 @@ namespace dtrain::nn::cpu {
 // alpha == 1 when a bias is given (oneDNN 2.6 would scale the bias too).
 // Types: a_type/b_type are f32, bf16 or f16 (both f32 or both 16-bit), c_type
 // f32 or either 16-bit type; a bias is always f32. bf16 runs oneDNN's bf16
-// kernels (f32 accumulation). oneDNN 2.6 has no f16 matmul on CPUs without
-// AVX512-FP16, so f16 operands are widened into per-thread f32 scratch and the
-// f32 kernel runs (same result as f16 storage with f32 accumulation).
+// kernels (f32 accumulation) where the CPU has them (AVX512-BF16, AMX, or
+// oneDNN's AVX-512 emulation). oneDNN has no f16 matmul on CPUs without
+// AVX512-FP16, nor a bf16 one on CPUs with AVX2 alone: there the 16-bit
+// operands are widened into per-thread f32 scratch and the f32 kernel runs
+// (the same result as 16-bit storage with f32 accumulation; gemm_widens).
 // Speed: oneDNN's brgemm kernels need dense operands (ld and batch strides 0 or
 // equal to the dense value); any padding falls to its JIT sgemm ("gemm:jit"),
 // up to 2x slower on attention shapes (T = 64), but never a reference loop.
@@ -69,22 +71,41 @@ void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bia
 // copy for (g, b) was made from another b_version: by dtrain's own copy loops
 // into the layouts brgemm picks on AVX-512 (BA16a64b, BA16a64b2a; 2-4x
 // oneDNN 2.6's reorders), by a oneDNN reorder into any other. The owner of b draws a new version from
-// next_weights_version() whenever b's contents change; b_version 0, batched
-// and f16 products run gemm() on B as stored. f32 results equal gemm()'s bit
-// for bit; bf16 ones may differ in the last bits (another summation order).
+// next_weights_version() whenever b's contents change. b_version 0, batched
+// and widened products, and those whose kernel reads B in a plain layout
+// (oneDNN's sgemm, which packs B itself: on CPUs with AVX2 alone), run gemm()
+// on B as stored. f32 results equal gemm()'s bit for bit; bf16 ones may
+// differ in the last bits (another summation order).
 // B may have any ldb (e.g. some columns of a wider weight): the copy is dense.
 // Memory: one copy of B per thread, g and b, allocated when first seen and
 // kept; later calls allocate nothing.
 void gemm_weights(const Gemm& g, const void* a, const void* b, std::uint64_t b_version, void* c,
                   const float* bias = nullptr);
 
+// Runs a linear layer's three products (forward, input and weight gradients)
+// once, in operands of type t, on zeros of at most [512, 1024]: oneDNN then
+// holds the kernels and the buffers it keeps between calls that the layer's
+// products will use, so a memory plan can read them off the resident set.
+void warm_up_linear_products(std::int64_t rows, std::int64_t in, std::int64_t out, DType t);
+
 // The oneDNN implementation that runs g (e.g. "brg:avx512_core"); creates and
 // caches the primitive like gemm() does. For tests and tools.
 std::string gemm_impl_info(const Gemm& g, bool with_bias);
 
 // How gemm_weights(g) makes its copy of B: "copy BA16a64b" or "copy
-// BA16a64b2a" (dtrain's loops), or "reorder" (oneDNN's). For tests.
+// BA16a64b2a" (dtrain's loops), "reorder" (oneDNN's), or none: "none: widened
+// as stored" (gemm_widens), "none: plain layout" (the kernel picked B's layout
+// row- or column-major, as oneDNN's sgemm does on AVX2: gemm() runs). For tests.
 std::string gemm_weights_pack_info(const Gemm& g, bool with_bias);
+
+// Whether operands of type t run widened to f32 on this CPU: f16 always, bf16
+// where oneDNN has no bf16 matmul for it. gemm_widens: any of g's types does.
+bool widens(DType t);
+bool gemm_widens(const Gemm& g);
+
+// Whether gemm_weights keeps copies of weights of operand type t on this CPU:
+// not where they widen, nor where the kernel reads them as stored (AVX2).
+bool copies_weights(DType t);
 
 // Primitives cached by the calling thread.
 std::size_t gemm_cache_size();
