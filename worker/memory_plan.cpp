@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "nn/cpu/matmul.h"
+#include "nn/linear.h"
 #include "nn/transformer.h"
 #include "worker/precision.h"
 #include "worker/trainer.h"
@@ -45,7 +46,8 @@ std::int64_t loader_bytes(const config::Config& c, std::int64_t seq_len, int pre
 std::int64_t MemoryPlan::host_total() const { return resident_bytes + host_to_allocate(); }
 
 std::int64_t MemoryPlan::host_to_allocate() const {
-  const std::int64_t device = state.model_state_bytes() + state.working_bytes + activation_bytes + weight_copy_bytes;
+  const std::int64_t device =
+      state.model_state_bytes() + state.working_bytes + activation_bytes + weight_copy_bytes + matmul_copy_bytes;
   return loader_bytes + (on_device ? 0 : device);
 }
 
@@ -89,6 +91,15 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
     }
     plan.weight_copy_bytes = 2 * copied * static_cast<std::int64_t>(dtype_size(eo.compute));
   }
+  // The weight-gradient products that gemm() runs through padded copies (AVX2):
+  // one scratch per thread, as large as the largest.
+  if (!plan.on_device) {
+    const std::int64_t n = c.train().micro_batch_size() * seq_len, d = model.d_model, ff = model.d_ff;
+    for (const auto& [in, out] : {std::pair{d, 3 * d}, std::pair{d, d}, std::pair{d, ff}, std::pair{ff, d}}) {
+      const nn::cpu::Gemm g = nn::typed(nn::linear_weight_grad_gemm(n, in, out), eo.compute, DType::f32);
+      plan.matmul_copy_bytes = std::max(plan.matmul_copy_bytes, nn::cpu::gemm_copy_bytes(g));
+    }
+  }
   return plan;
 }
 
@@ -105,6 +116,10 @@ std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
   out += fmt::format("  activations      {:>10.1f} MiB ({})\n", mib(p.activation_bytes), where);
   if (p.weight_copy_bytes > 0) {
     out += fmt::format("  weight layouts   {:>10.1f} MiB (host, oneDNN's copies)\n", mib(p.weight_copy_bytes));
+  }
+  if (p.matmul_copy_bytes > 0) {
+    out += fmt::format("  matmul copies    {:>10.1f} MiB (host, padded operands for oneDNN's sgemm)\n",
+                       mib(p.matmul_copy_bytes));
   }
   out += fmt::format("  data loaders     {:>10.1f} MiB (host)\n", mib(p.loader_bytes));
   out += fmt::format("  process and data {:>10.1f} MiB (host, resident now, matmul kernels included)\n",

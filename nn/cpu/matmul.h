@@ -55,6 +55,9 @@ struct Gemm {
 };
 
 // Runs g. a, b, c (and bias, if not null) must hold the elements g addresses;
+// where oneDNN's sgemm runs g (CPUs with AVX2 alone) and would read A or B
+// down columns whose rows are a multiple of 4 KiB apart, through a copy with
+// padded rows in per-thread scratch (same results; gemm_copy_bytes);
 // c must not overlap a, b or bias. Throws dtrain::Error naming the shape when
 // g is malformed or oneDNN fails.
 // REQUIRES: g's types are all f32.
@@ -102,6 +105,11 @@ std::string gemm_weights_pack_info(const Gemm& g, bool with_bias);
 // where oneDNN has no bf16 matmul for it. gemm_widens: any of g's types does.
 bool widens(DType t);
 bool gemm_widens(const Gemm& g);
+
+// Bytes of the padded copies gemm(g) makes of its operands on this CPU (0
+// where it reads them as stored); the scratch holding them grows to the
+// largest and is kept.
+std::int64_t gemm_copy_bytes(const Gemm& g);
 
 // Whether gemm_weights keeps copies of weights of operand type t on this CPU:
 // not where they widen, nor where the kernel reads them as stored (AVX2).
