@@ -410,26 +410,6 @@ void run(const Gemm& g, Entry& e, const void* a, const void* b, void* c, const f
   check_status(dnnl_stream_wait(cache.stream.get()), "stream wait", g);
 }
 
-// An operand widened to f32 in `scratch` (grown once, then reused).
-const float* widened(const void* p, DType t, std::int64_t n, std::vector<float>& scratch) {
-  if (t == DType::f32) return static_cast<const float*>(p);
-  if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
-  half_to_f32(static_cast<const std::uint16_t*>(p), t, scratch.data(), n);
-  return scratch.data();
-}
-
-// Widens A, B and C (C too, so its unaddressed padding round-trips exactly),
-// runs in f32, narrows C back.
-void run_widened(const Gemm& g, Entry& e, const void* a, const void* b, void* c,
-                 const float* bias) {
-  ThreadCache& cache = thread_cache();
-  const float* wa = widened(a, g.a_type, e.extent_a, cache.wide_a);
-  const float* wb = widened(b, g.b_type, e.extent_b, cache.wide_b);
-  float* wc = const_cast<float*>(widened(c, g.c_type, e.extent_c, cache.wide_c));
-  run(g, e, wa, wb, wc, bias);
-  if (g.c_type != DType::f32) f32_to_half(wc, g.c_type, static_cast<std::uint16_t*>(c), e.extent_c);
-}
-
 // oneDNN's sgemm ("gemm:jit": every f32 product on CPUs with AVX2 alone)
 // reads a transposed A, and a B as stored, down their columns. When the rows
 // are a multiple of 4 KiB apart, those reads all land in the same cache sets
@@ -451,7 +431,7 @@ struct Padding {
 
 Padding padding(const Gemm& g, const Entry& e) {
   Padding p;
-  if (g.batch != 1 || g.a_type != DType::f32 || e.widen || e.impl.rfind("gemm:jit", 0) != 0) return p;
+  if (g.batch != 1 || g.a_type != DType::f32 || e.impl.rfind("gemm:jit", 0) != 0) return p;
   auto conflicts = [](std::int64_t ld, std::int64_t rows) {
     return ld % static_cast<std::int64_t>(4096 / sizeof(float)) == 0 && rows >= 256;
   };
@@ -472,8 +452,8 @@ const float* pad_rows(const float* src, std::int64_t ld, std::int64_t rows, std:
   return dst;
 }
 
-// Runs g through padded copies where padding(g, e) asks for them; false when
-// it does not (the caller runs g as it is).
+// Runs g (f32) through padded copies where padding(g, e) asks for them; false
+// when it does not (the caller runs g as it is).
 bool run_padded(const Gemm& g, const Entry& e, const void* a, const void* b, void* c, const float* bias) {
   const Padding p = padding(g, e);
   if (!p.a && !p.b) return false;
@@ -492,6 +472,32 @@ bool run_padded(const Gemm& g, const Entry& e, const void* a, const void* b, voi
   }
   run(padded, lookup(padded, bias != nullptr), a, b, c, bias);
   return true;
+}
+
+// g with every type f32: the product a widened g runs.
+Gemm in_f32(Gemm g) {
+  g.a_type = g.b_type = g.c_type = DType::f32;
+  return g;
+}
+
+// An operand widened to f32 in `scratch` (grown once, then reused).
+const float* widened(const void* p, DType t, std::int64_t n, std::vector<float>& scratch) {
+  if (t == DType::f32) return static_cast<const float*>(p);
+  if (scratch.size() < static_cast<std::size_t>(n)) scratch.resize(static_cast<std::size_t>(n));
+  half_to_f32(static_cast<const std::uint16_t*>(p), t, scratch.data(), n);
+  return scratch.data();
+}
+
+// Widens A, B and C (C too, so its unaddressed padding round-trips exactly),
+// runs in f32, narrows C back.
+void run_widened(const Gemm& g, Entry& e, const void* a, const void* b, void* c,
+                 const float* bias) {
+  ThreadCache& cache = thread_cache();
+  const float* wa = widened(a, g.a_type, e.extent_a, cache.wide_a);
+  const float* wb = widened(b, g.b_type, e.extent_b, cache.wide_b);
+  float* wc = const_cast<float*>(widened(c, g.c_type, e.extent_c, cache.wide_c));
+  if (!run_padded(in_f32(g), e, wa, wb, wc, bias)) run(g, e, wa, wb, wc, bias);
+  if (g.c_type != DType::f32) f32_to_half(wc, g.c_type, static_cast<std::uint16_t*>(c), e.extent_c);
 }
 
 // This thread's copy of b in e's layout, reordered again when `version` is new.
@@ -589,7 +595,8 @@ bool widens(DType t) { return t == DType::f16 || (t == DType::bf16 && !bf16_kern
 bool gemm_widens(const Gemm& g) { return widens(g.a_type) || widens(g.b_type) || widens(g.c_type); }
 
 std::int64_t gemm_copy_bytes(const Gemm& g) {
-  return padding(g, lookup(g, false)).floats() * static_cast<std::int64_t>(sizeof(float));
+  const Entry& e = lookup(g, false);
+  return padding(e.widen ? in_f32(g) : g, e).floats() * static_cast<std::int64_t>(sizeof(float));
 }
 
 bool copies_weights(DType t) {
