@@ -412,10 +412,11 @@ void run(const Gemm& g, Entry& e, const void* a, const void* b, void* c, const f
 
 // oneDNN's sgemm ("gemm:jit": every f32 product on CPUs with AVX2 alone)
 // reads a transposed A, and a B as stored, down their columns. When the rows
-// are a multiple of 4 KiB apart, those reads all land in the same cache sets
-// and the product runs at under half speed: lm-small's weight gradients of
-// fc1 (A = dy^T, dy [2048, 1024]) and fc2 (B = x [2048, 1024]) ran at 33-37
-// GFLOP/s on an AVX2 AMD EPYC, 77-81 with 16 floats more per row. Such an
+// are a multiple of 2 KiB apart, those reads crowd into a few cache sets and
+// the product slows: lm-small's weight gradients of fc1 (A = dy^T, dy [2048,
+// 1024]) and fc2 (B = x [2048, 1024]) ran at 33-37 GFLOP/s on an AVX2 AMD
+// EPYC, 77-81 with 16 floats more per row; cls-seed's proj weight gradient
+// and per-head output gradients (rows of 512 floats) at 50-52. Such an
 // operand (f32, one item, 256 rows or more) is copied into per-thread scratch
 // with kPadFloats more per row (about 1 ms per 8 MiB) and the product runs on
 // the copy: the same numbers, the same summation order.
@@ -433,7 +434,7 @@ Padding padding(const Gemm& g, const Entry& e) {
   Padding p;
   if (g.batch != 1 || g.a_type != DType::f32 || e.impl.rfind("gemm:jit", 0) != 0) return p;
   auto conflicts = [](std::int64_t ld, std::int64_t rows) {
-    return ld % static_cast<std::int64_t>(4096 / sizeof(float)) == 0 && rows >= 256;
+    return ld % static_cast<std::int64_t>(2048 / sizeof(float)) == 0 && rows >= 256;
   };
   const std::int64_t lda = g.lda != 0 ? g.lda : (g.trans_a ? g.m : g.k);
   const std::int64_t ldb = g.ldb != 0 ? g.ldb : (g.trans_b ? g.k : g.n);
