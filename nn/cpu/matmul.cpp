@@ -158,6 +158,7 @@ struct Entry {
   std::array<dnnl_exec_arg_t, 4> args{};
   int nargs = 0;
   std::string impl;
+  bool sgemm = false;  // impl is oneDNN's sgemm ("gemm:jit"): see padding()
   // Operands that widen (gemm_widens) run the f32 primitive on widened
   // copies of these extents.
   bool widen = false;
@@ -324,6 +325,7 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
 
   auto entry = std::make_unique<Entry>();
   entry->impl = pd.impl_info_str();
+  entry->sgemm = entry->impl.rfind("gemm:jit", 0) == 0;
   entry->widen = widen;
   entry->extent_a = extent(oa, g.batch);
   entry->extent_b = extent(ob, g.batch);
@@ -432,7 +434,7 @@ struct Padding {
 
 Padding padding(const Gemm& g, const Entry& e) {
   Padding p;
-  if (g.batch != 1 || g.a_type != DType::f32 || e.impl.rfind("gemm:jit", 0) != 0) return p;
+  if (g.batch != 1 || g.a_type != DType::f32 || !e.sgemm) return p;
   auto conflicts = [](std::int64_t ld, std::int64_t rows) {
     return ld % static_cast<std::int64_t>(2048 / sizeof(float)) == 0 && rows >= 256;
   };
