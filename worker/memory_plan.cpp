@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -41,6 +42,23 @@ std::int64_t loader_bytes(const config::Config& c, std::int64_t seq_len, int pre
   return (prefetch + 1) * (inputs + targets);
 }
 
+// Runs a linear layer's three products (forward, input and weight gradients)
+// once, in operands of type t, on zeros of at most [512, 1024]: oneDNN then
+// holds the kernels and the buffers it keeps between calls that the layer's
+// products will use, and the resident set shows them.
+void warm_up_linear_products(std::int64_t rows, std::int64_t in, std::int64_t out, DType t) {
+  rows = std::clamp<std::int64_t>(rows, 1, 512);
+  in = std::clamp<std::int64_t>(in, 1, 1024);
+  out = std::clamp<std::int64_t>(out, 1, 1024);
+  const auto most = static_cast<std::size_t>(std::max({rows * in, rows * out, in * out}));
+  std::vector<float> a(most), b(most), c(most);  // zeros, in any type
+  for (const nn::cpu::Gemm& g : {nn::typed(nn::linear_forward_gemm(rows, in, out, false), t, t),
+                                 nn::typed(nn::linear_input_grad_gemm(rows, in, out, false), t, t),
+                                 nn::typed(nn::linear_weight_grad_gemm(rows, in, out), t, DType::f32)}) {
+    nn::cpu::gemm(g, static_cast<const void*>(a.data()), b.data(), c.data());
+  }
+}
+
 }  // namespace
 
 std::int64_t MemoryPlan::host_total() const { return resident_bytes + host_to_allocate(); }
@@ -73,8 +91,8 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   // and the buffers it keeps between calls (its sgemm's, on AVX2: 10 MiB at
   // lm-small's products), which the largest linear layer's products bring in.
   if (!plan.on_device) {
-    nn::cpu::warm_up_linear_products(c.train().micro_batch_size() * seq_len, model.d_model,
-                                     std::max(model.d_ff, model.d_model), eo.compute);
+    warm_up_linear_products(c.train().micro_batch_size() * seq_len, model.d_model,
+                            std::max(model.d_ff, model.d_model), eo.compute);
   }
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
   // On the host, every linear's forward and input-gradient products keep a

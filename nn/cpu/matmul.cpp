@@ -572,25 +572,6 @@ void gemm_weights(const Gemm& g, const void* a, const void* b, std::uint64_t b_v
   run(g, e, a, pb, c, bias);
 }
 
-void warm_up_linear_products(std::int64_t rows, std::int64_t in, std::int64_t out, DType t) {
-  rows = std::clamp<std::int64_t>(rows, 1, 512);
-  in = std::clamp<std::int64_t>(in, 1, 1024);
-  out = std::clamp<std::int64_t>(out, 1, 1024);
-  const auto most = static_cast<std::size_t>(std::max({rows * in, rows * out, in * out}));
-  std::vector<float> a(most), b(most), c(most);  // zeros, in any type
-  const void* pa = a.data();
-  const void* pb = b.data();
-  void* pc = c.data();
-  auto typed = [t](Gemm g, DType output) {
-    g.a_type = g.b_type = t;
-    g.c_type = output;
-    return g;
-  };
-  gemm(typed(Gemm{.m = rows, .n = out, .k = in, .trans_b = true}, t), pa, pb, pc);
-  gemm(typed(Gemm{.m = rows, .n = in, .k = out}, t), pa, pb, pc);
-  gemm(typed(Gemm{.m = out, .n = in, .k = rows, .trans_a = true, .accumulate = true}, DType::f32), pa, pb, pc);
-}
-
 std::string gemm_impl_info(const Gemm& g, bool with_bias) { return lookup(g, with_bias).impl; }
 
 bool widens(DType t) { return t == DType::f16 || (t == DType::bf16 && !bf16_kernels()); }

@@ -85,12 +85,6 @@ void gemm(const Gemm& g, const void* a, const void* b, void* c, const float* bia
 void gemm_weights(const Gemm& g, const void* a, const void* b, std::uint64_t b_version, void* c,
                   const float* bias = nullptr);
 
-// Runs a linear layer's three products (forward, input and weight gradients)
-// once, in operands of type t, on zeros of at most [512, 1024]: oneDNN then
-// holds the kernels and the buffers it keeps between calls that the layer's
-// products will use, so a memory plan can read them off the resident set.
-void warm_up_linear_products(std::int64_t rows, std::int64_t in, std::int64_t out, DType t);
-
 // The oneDNN implementation that runs g (e.g. "brg:avx512_core"); creates and
 // caches the primitive like gemm() does. For tests and tools.
 std::string gemm_impl_info(const Gemm& g, bool with_bias);
