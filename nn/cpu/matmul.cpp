@@ -414,14 +414,17 @@ void run(const Gemm& g, Entry& e, const void* a, const void* b, void* c, const f
 
 // oneDNN's sgemm ("gemm:jit": every f32 product on CPUs with AVX2 alone)
 // reads a transposed A, and a B as stored, down their columns. When the rows
-// are a multiple of 2 KiB apart, those reads crowd into a few cache sets and
+// are a multiple of 1 KiB apart, those reads crowd into a few cache sets and
 // the product slows: lm-small's weight gradients of fc1 (A = dy^T, dy [2048,
 // 1024]) and fc2 (B = x [2048, 1024]) ran at 33-37 GFLOP/s on an AVX2 AMD
 // EPYC, 77-81 with 16 floats more per row; cls-seed's proj weight gradient
-// and per-head output gradients (rows of 512 floats) at 50-52. Such an
-// operand (f32, one item, 256 rows or more) is copied into per-thread scratch
-// with kPadFloats more per row (about 1 ms per 8 MiB) and the product runs on
-// the copy: the same numbers, the same summation order.
+// and per-head output gradients (rows of 512 floats) at 50-52. Rows 1 or 3
+// KiB apart (lm-small's qkv and proj weight gradients, 256 and 768 floats)
+// slow it on 2 MiB pages, which keep the address bits that pick an L2 set:
+// 58-66 GFLOP/s, 71-88 padded. Such an operand (f32, one item, 256 rows or
+// more) is copied into per-thread scratch with kPadFloats more per row (about
+// 1 ms per 8 MiB) and the product runs on the copy: the same numbers, the
+// same summation order.
 constexpr std::int64_t kPadFloats = 16;
 
 struct Padding {
@@ -436,7 +439,7 @@ Padding padding(const Gemm& g, const Entry& e) {
   Padding p;
   if (g.batch != 1 || g.a_type != DType::f32 || !e.sgemm) return p;
   auto conflicts = [](std::int64_t ld, std::int64_t rows) {
-    return ld % static_cast<std::int64_t>(2048 / sizeof(float)) == 0 && rows >= 256;
+    return ld % static_cast<std::int64_t>(1024 / sizeof(float)) == 0 && rows >= 256;
   };
   const std::int64_t lda = g.lda != 0 ? g.lda : (g.trans_a ? g.m : g.k);
   const std::int64_t ldb = g.ldb != 0 ? g.ldb : (g.trans_b ? g.k : g.n);

@@ -131,19 +131,21 @@ void run_and_check(const Gemm& g, bool with_bias, unsigned seed) {
   expect_matches_reference(g, o, c, with_bias);
 }
 
-// Weight-gradient products whose A (transposed) or B (as stored) has rows
-// 4 KiB apart: where oneDNN's sgemm runs them (AVX2 alone), gemm() reads them
-// through padded copies, with the product of the same operands stored 16
-// floats wider, bit for bit; everywhere the reference's result.
-TEST(Matmul, OperandsWithRowsFourKiBApartMatchReferenceAndTheirPaddedCopies) {
+// Weight-gradient products whose A (transposed) or B (as stored) has rows a
+// multiple of 1 KiB apart (4 KiB, 3 KiB, 1 KiB): where oneDNN's sgemm runs them
+// (AVX2 alone), gemm() reads them through padded copies, with the product of
+// the same operands stored 16 floats wider, bit for bit; everywhere the
+// reference's result. Rows 48 floats apart are read as they are.
+TEST(Matmul, OperandsWithRowsAMultipleOfOneKiBApartMatchReferenceAndTheirPaddedCopies) {
   Gemm dy_t{.m = 1024, .n = 48, .k = 256, .trans_a = true, .accumulate = true};  // A = dy^T, dy [256, 1024]
   Gemm x{.m = 48, .n = 1024, .k = 256, .trans_a = true, .accumulate = true};     // B = x [256, 1024]
   Gemm both{.m = 1024, .n = 1024, .k = 256, .trans_a = true};
+  Gemm qkv{.m = 768, .n = 256, .k = 256, .trans_a = true, .accumulate = true};   // dy [256, 768], x [256, 256]
   unsigned seed = 50;
-  for (const Gemm& g : {dy_t, x, both}) {
-    const bool pads_a = g.m == 1024, pads_b = g.n == 1024;
+  for (const Gemm& g : {dy_t, x, both, qkv}) {
+    const bool pads_a = g.m % 256 == 0, pads_b = g.n % 256 == 0;
     const bool sgemm = gemm_impl_info(g, false).rfind("gemm:jit", 0) == 0;
-    const std::int64_t copies = sgemm ? 256 * 1040 * ((pads_a ? 1 : 0) + (pads_b ? 1 : 0)) * 4 : 0;
+    const std::int64_t copies = sgemm ? 256 * ((pads_a ? g.m + 16 : 0) + (pads_b ? g.n + 16 : 0)) * 4 : 0;
     EXPECT_EQ(gemm_copy_bytes(g), copies) << gemm_string(g);
     const Operands o = make_operands(g, seed++);
     std::vector<float> c = o.c;
@@ -151,15 +153,17 @@ TEST(Matmul, OperandsWithRowsFourKiBApartMatchReferenceAndTheirPaddedCopies) {
     expect_matches_reference(g, o, c, false);
     // The same operands stored 16 floats wider, run as they are.
     Gemm wide = g;
-    if (pads_a) wide.lda = 1040;
-    if (pads_b) wide.ldb = 1040;
+    if (pads_a) wide.lda = g.m + 16;
+    if (pads_b) wide.ldb = g.n + 16;
     EXPECT_EQ(gemm_copy_bytes(wide), 0) << gemm_string(wide);
     auto widen = [](const std::vector<float>& v, std::int64_t cols, bool pad) {
       if (!pad) return v;
-      std::vector<float> out(v.size() / static_cast<std::size_t>(cols) * 1040, 0.0f);
-      for (std::size_t r = 0; r < v.size() / static_cast<std::size_t>(cols); ++r) {
+      const std::size_t rows = v.size() / static_cast<std::size_t>(cols);
+      const std::size_t ld = static_cast<std::size_t>(cols) + 16;
+      std::vector<float> out(rows * ld, 0.0f);
+      for (std::size_t r = 0; r < rows; ++r) {
         std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(cols)), cols,
-                    out.begin() + static_cast<std::ptrdiff_t>(r * 1040));
+                    out.begin() + static_cast<std::ptrdiff_t>(r * ld));
       }
       return out;
     };
