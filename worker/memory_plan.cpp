@@ -109,13 +109,17 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
     }
     plan.weight_copy_bytes = 2 * copied * static_cast<std::int64_t>(dtype_size(eo.compute));
   }
-  // The weight-gradient products that gemm() runs through padded copies (AVX2):
+  // The linear products that gemm() runs through padded or transposed copies (AVX2):
   // one scratch per thread, as large as the largest.
   if (!plan.on_device) {
     const std::int64_t n = c.train().micro_batch_size() * seq_len, d = model.d_model, ff = model.d_ff;
     for (const auto& [in, out] : {std::pair{d, 3 * d}, std::pair{d, d}, std::pair{d, ff}, std::pair{ff, d}}) {
-      const nn::cpu::Gemm g = nn::typed(nn::linear_weight_grad_gemm(n, in, out), eo.compute, DType::f32);
-      plan.matmul_copy_bytes = std::max(plan.matmul_copy_bytes, nn::cpu::gemm_copy_bytes(g));
+      for (const nn::cpu::Gemm& g : {nn::linear_forward_gemm(n, in, out, false),
+                                     nn::linear_input_grad_gemm(n, in, out, false),
+                                     nn::linear_weight_grad_gemm(n, in, out)}) {
+        const std::int64_t bytes = nn::cpu::gemm_copy_bytes(nn::typed(g, eo.compute, DType::f32));
+        plan.matmul_copy_bytes = std::max(plan.matmul_copy_bytes, bytes);
+      }
     }
   }
   return plan;
@@ -136,7 +140,7 @@ std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
     out += fmt::format("  weight layouts   {:>10.1f} MiB (host, oneDNN's copies)\n", mib(p.weight_copy_bytes));
   }
   if (p.matmul_copy_bytes > 0) {
-    out += fmt::format("  matmul copies    {:>10.1f} MiB (host, padded operands for oneDNN's sgemm)\n",
+    out += fmt::format("  matmul copies    {:>10.1f} MiB (host, padded or transposed operands for oneDNN's sgemm)\n",
                        mib(p.matmul_copy_bytes));
   }
   out += fmt::format("  data loaders     {:>10.1f} MiB (host)\n", mib(p.loader_bytes));

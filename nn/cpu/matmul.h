@@ -57,7 +57,9 @@ struct Gemm {
 // Runs g. a, b, c (and bias, if not null) must hold the elements g addresses;
 // where oneDNN's sgemm runs g (CPUs with AVX2 alone) and would read A or B
 // down columns whose rows are a multiple of 1 KiB apart, through a copy with
-// padded rows in per-thread scratch (same results; gemm_copy_bytes);
+// padded rows in per-thread scratch (same results; gemm_copy_bytes), and a
+// transposed B of at most 256 columns, for 1024 rows or more, through a copy
+// stored [K, N] (gemm_copy_bytes; the results of that layout);
 // c must not overlap a, b or bias. Throws dtrain::Error naming the shape when
 // g is malformed or oneDNN fails.
 // REQUIRES: g's types are all f32.

@@ -176,6 +176,47 @@ TEST(Matmul, OperandsWithRowsAMultipleOfOneKiBApartMatchReferenceAndTheirPaddedC
   }
 }
 
+// A linear layer's forward (x W^T) with 1024 rows or more and a B of 256
+// columns or fewer: where oneDNN's sgemm runs it (AVX2 alone), gemm() reads a
+// transposed copy of W, with the product of W stored [K, N + 16] bit for bit,
+// bias and accumulation included; everywhere the reference's result. A B of
+// 257 columns is read as stored.
+TEST(Matmul, ProductsOfANarrowTransposedBMatchReferenceAndTheirTransposedCopies) {
+  Gemm narrow{.m = 1024, .n = 256, .k = 320, .trans_b = true, .ldb = 336};  // W: 256 rows of a wider weight
+  Gemm head{.m = 1024, .n = 64, .k = 256, .trans_b = true, .accumulate = true};
+  Gemm wide{.m = 1024, .n = 257, .k = 64, .trans_b = true};
+  unsigned seed = 70;
+  for (const Gemm& g : {narrow, head, wide}) {
+    for (bool with_bias : {false, true}) {
+      if (with_bias && g.accumulate) continue;
+      const bool sgemm = gemm_impl_info(g, with_bias).rfind("gemm:jit", 0) == 0;
+      const bool copies = sgemm && g.n <= 256;
+      EXPECT_EQ(gemm_copy_bytes(g), copies ? g.k * (g.n + 16) * 4 : 0) << gemm_string(g);
+      const Operands o = make_operands(g, seed++);
+      const float* bias = with_bias ? o.bias.data() : nullptr;
+      std::vector<float> c = o.c;
+      gemm(g, o.a.data(), o.b.data(), c.data(), bias);
+      expect_matches_reference(g, o, c, with_bias);
+      if (!copies) continue;
+      // B transposed by hand into [k, n + 16], run as stored.
+      const std::int64_t ld = g.ldb != 0 ? g.ldb : g.k;
+      std::vector<float> bt(static_cast<std::size_t>(g.k * (g.n + 16)), 0.0f);
+      for (std::int64_t r = 0; r < g.k; ++r) {
+        for (std::int64_t j = 0; j < g.n; ++j) {
+          bt[static_cast<std::size_t>(r * (g.n + 16) + j)] = o.b[static_cast<std::size_t>(j * ld + r)];
+        }
+      }
+      Gemm stored = g;
+      stored.trans_b = false;
+      stored.ldb = g.n + 16;
+      EXPECT_EQ(gemm_copy_bytes(stored), 0) << gemm_string(stored);
+      std::vector<float> c_stored = o.c;
+      gemm(stored, o.a.data(), bt.data(), c_stored.data(), bias);
+      EXPECT_EQ(c, c_stored) << gemm_string(g);
+    }
+  }
+}
+
 TEST(Matmul, AllTransposesBiasAccumulateAlphaMatchReference) {
   const std::int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {33, 17, 64}, {64, 48, 130}};
   unsigned seed = 1;
