@@ -61,13 +61,18 @@ void gelu_forward(const typename F::T* x, typename F::T* y, typename F::T* dydx,
 // linear_backward's own bias sum, so f32 gives the same bits).
 template <class F>
 void gelu_backward(const typename F::T* dy, const typename F::T* dydx, typename F::T* dx, float* dbias,
-                   std::int64_t n, std::int64_t c) {
-  if (dbias == nullptr) {
+                   std::int64_t n, std::int64_t c, std::int64_t ld) {
+  if (ld == 0) ld = c;
+  if (dbias == nullptr && ld == c) {
     for (std::int64_t i = 0; i < n * c; ++i) dx[i] = F::store(F::load(dy[i]) * F::load(dydx[i]));
     return;
   }
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t row = i * c;
+    const std::int64_t row = i * ld;
+    if (dbias == nullptr) {
+      for (std::int64_t j = 0; j < c; ++j) dx[row + j] = F::store(F::load(dy[row + j]) * F::load(dydx[row + j]));
+      continue;
+    }
     for (std::int64_t j = 0; j < c; ++j) {
       const float v = F::load(dy[row + j]) * F::load(dydx[row + j]);
       dx[row + j] = F::store(v);
@@ -78,7 +83,8 @@ void gelu_backward(const typename F::T* dy, const typename F::T* dydx, typename 
 
 #define DTRAIN_INSTANTIATE(F)                                                           \
   template void gelu_forward<F>(const F::T*, F::T*, F::T*, std::int64_t);              \
-  template void gelu_backward<F>(const F::T*, const F::T*, F::T*, float*, std::int64_t, std::int64_t);
+  template void gelu_backward<F>(const F::T*, const F::T*, F::T*, float*, std::int64_t, std::int64_t, \
+                                  std::int64_t);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 

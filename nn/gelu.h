@@ -16,12 +16,13 @@ namespace dtrain::nn {
 template <class F = cpu::F32Format>
 void gelu_forward(const typename F::T* x, typename F::T* y, typename F::T* dydx, std::int64_t n);
 
-// dy, dydx, dx: [n, c]. dx = dy * dydx, with dydx from gelu_forward; dx may
-// alias dy. dbias: [c] or null; when given, the column sums of dx (f32, before
-// dx is rounded to F) are added to it: the gradient of the bias of the linear
-// layer that produced the GELU's input, in the same pass over dx.
+// dy, dydx, dx: [n, c], rows ld apart (0: c). dx = dy * dydx, with dydx from
+// gelu_forward; dx may alias dy. dbias: [c] or null; when given, the column
+// sums of dx (f32, before dx is rounded to F) are added to it: the gradient of
+// the bias of the linear layer that produced the GELU's input, in the same
+// pass over dx. Columns c..ld of each row are neither read nor written.
 template <class F = cpu::F32Format>
 void gelu_backward(const typename F::T* dy, const typename F::T* dydx, typename F::T* dx, float* dbias,
-                   std::int64_t n, std::int64_t c);
+                   std::int64_t n, std::int64_t c, std::int64_t ld = 0);
 
 }  // namespace dtrain::nn

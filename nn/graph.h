@@ -20,8 +20,11 @@
 // saved heads (the CPU's has it; without it the projection is a linear into
 // the interleaved qkv, which attention_forward gathers from) with its
 // backward counterpart attention_output_grad (likewise);
-// and attention_scratch(pairs, seq, head_dim): what of the attention scratch
-// (AttentionScratch, nn/attention.h) the graph allocates for its attention.
+// attention_scratch(pairs, seq, head_dim): what of the attention scratch
+// (AttentionScratch, nn/attention.h) the graph allocates for its attention;
+// and row_stride(cols): the row stride of the d_ff-wide activations (h, a,
+// d_h), cols where the kernels read them best dense (the CPU pads them where
+// oneDNN's sgemm would otherwise copy them for the weight gradients).
 //
 // The definitions are in graph_forward.h and graph_backward.h; a device's
 // model file includes them and instantiates Graph for its kernel sets.
@@ -104,9 +107,9 @@ class Graph final : public Model {
   void head_logits(std::int64_t first, std::int64_t count);
   // out = base + drop(x W^T + b) over [n, d], f32. Without dropout, out
   // already holds base (residual_copy: the LayerNorm that read base wrote it)
-  // and the GEMM adds into it.
+  // and the GEMM adds into it. x's rows are x_stride apart (0: in).
   void residual_branch(const T* x, int weight, int bias, const float* base, float* out, std::int64_t in,
-                       std::int64_t site);
+                       std::int64_t site, std::int64_t x_stride = 0);
   // Where the LayerNorm reading the residual stream copies it: the next
   // residual add's output, or nowhere when dropout adds the branch itself.
   float* residual_copy(float* out) const { return dropout_active_ ? nullptr : out; }

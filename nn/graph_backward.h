@@ -87,7 +87,7 @@ void Graph<K>::layer_backward(int l) {
   const int base = layout_.blocks()[static_cast<std::size_t>(l + 1)].first_param;
   auto w = [&](int i) { return param(base + i, false); };
   auto g = [&](int i) { return param(base + i, true); };
-  const std::int64_t n = tokens(), d = config().d_model, ff = config().d_ff;
+  const std::int64_t n = tokens(), d = config().d_model, ff = config().d_ff, ffs = acts_.ff_stride;
   const float* x = acts_.resid[static_cast<std::size_t>(l)].data();
   float* d_resid = acts_.d_resid.data();
   float* d_tmp = acts_.d_tmp.data();
@@ -96,11 +96,11 @@ void Graph<K>::layer_backward(int l) {
   const float* g_mlp = branch_grad(2 * l + 1);
   k_.linear_backward(as_storage(g_mlp, acts_.d_resid16.data(), n * d), g_mlp, L.a.data(), matrix(base + kFc2W),
                      acts_.d_h.data(), g(kFc2W), bias_grad_unless_summed(g(kFc2B)), n, ff, d,
-                     weights_version(base + kFc2W));
+                     weights_version(base + kFc2W), LinearRows{.in = ffs});
   // L.h holds gelu'; fc1's bias gradient is summed in the same pass.
-  k_.gelu_backward(acts_.d_h.data(), L.h.data(), acts_.d_h.data(), g(kFc1B), n, ff);
+  k_.gelu_backward(acts_.d_h.data(), L.h.data(), acts_.d_h.data(), g(kFc1B), n, ff, ffs);
   k_.linear_backward(acts_.d_h.data(), static_cast<const float*>(nullptr), L.ln2.data(), matrix(base + kFc1W),
-                     d_tmp, g(kFc1W), nullptr, n, d, ff, weights_version(base + kFc1W));
+                     d_tmp, g(kFc1W), nullptr, n, d, ff, weights_version(base + kFc1W), LinearRows{.out = ffs});
   k_.layernorm_backward(d_tmp, L.mid.data(), w(kLn2W), L.ln2_mean.data(), L.ln2_rstd.data(), d_resid, g(kLn2W),
                         g(kLn2B), n, d, true, resid_sums());
 

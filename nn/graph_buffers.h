@@ -26,7 +26,7 @@ struct GraphActivations {
   static constexpr bool kF32 = std::is_same_v<T, float>;
 
   struct Layer {
-    Store ln1, q, k, v, attn, ln2, h, a;  // h holds gelu' after forward
+    Store ln1, q, k, v, attn, ln2, h, a;  // h holds gelu' after forward; h, a: rows ff_stride apart
     F32 ln1_mean, ln1_rstd, mid, ln2_mean, ln2_rstd;
     F32 lse;  // attention's log-sum-exp per query row [B, H, T]
   };
@@ -37,18 +37,22 @@ struct GraphActivations {
   std::int64_t logits_rows = 0;                   // rows of one logits tile (ModelConfig::logits_rows)
   F32 d_resid, d_tmp, d_branch, d_lnf, d_pooled;
   F32 d_resid_sums;  // [d]: d_resid's column sums, as the layernorm backward that wrote it left them
-  Store d_resid16, d_h, d_attn, d_qkv, d_logits16;  // *16: only when T is 16-bit
+  Store d_resid16, d_h, d_attn, d_qkv, d_logits16;  // *16: only when T is 16-bit; d_h: rows ff_stride apart
+  // The row stride of the d_ff-wide activations (the kernel set's row_stride(d_ff)).
+  std::int64_t ff_stride = 0;
   // Attention scratch, as far as the kernel set asks for it (nn/attention.h
   // AttentionScratch): the whole batch's, or delta alone; empty otherwise.
   F32 scores, dp, dq, dk, dv, delta;
   Store heads, probs16, d_scores16;  // *16: only when T is 16-bit
 
-  // scratch: what of the attention scratch to allocate.
+  // scratch: what of the attention scratch to allocate; ff_stride_: the row
+  // stride of h, a and d_h (d_ff or more).
   GraphActivations(Device& dev, const ModelConfig& c, std::int64_t B, std::int64_t T_,
-                   AttentionScratchKind scratch) {
+                   AttentionScratchKind scratch, std::int64_t ff_stride_)
+      : ff_stride(ff_stride_) {
     const auto bt = static_cast<std::size_t>(B * T_);
     const auto d = static_cast<std::size_t>(c.d_model);
-    const auto ff = static_cast<std::size_t>(c.d_ff);
+    const auto ff = static_cast<std::size_t>(ff_stride);
     const auto rows = static_cast<std::size_t>(B * c.n_heads * T_);
     const bool lm = c.kind == ModelConfig::Kind::lm;
     const std::size_t half_only = kF32 ? 0 : 1;

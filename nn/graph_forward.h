@@ -21,7 +21,8 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
     : Model(config, batch, seq_len), device_(device), k_(std::move(kernels)), layout_(layout),
       acts_(device, config, batch, seq_len,
             K::attention_scratch(batch * config.n_heads, seq_len,
-                                 config.n_heads > 0 ? config.d_model / config.n_heads : 0)),
+                                 config.n_heads > 0 ? config.d_model / config.n_heads : 0),
+            K::row_stride(config.d_ff)),
       inputs_(device, config.input == ModelConfig::Input::tokens ? static_cast<std::size_t>(batch * seq_len) : 0,
               config.input == ModelConfig::Input::patches
                   ? static_cast<std::size_t>(batch * seq_len * config.patch_dim)
@@ -256,18 +257,19 @@ void Graph<K>::embed_forward(bool training) {
 
 template <class K>
 void Graph<K>::residual_branch(const T* x, int weight, int bias, const float* base, float* out, std::int64_t in,
-                               std::int64_t site) {
+                               std::int64_t site, std::int64_t x_stride) {
   const std::int64_t n = tokens(), d = config().d_model;
+  const LinearRows rows{.in = x_stride};
   if (dropout_active_) {  // the branch needs its own buffer to be dropped before the residual add
     float* branch = acts_.d_tmp.data();
-    k_.linear_forward(x, matrix(weight), param(bias, false), branch, n, in, d, false, weights_version(weight));
+    k_.linear_forward(x, matrix(weight), param(bias, false), branch, n, in, d, false, weights_version(weight), rows);
     k_.dropout(branch, n * d, config().dropout, key_for(site));
     k_.residual(base, branch, out, n * d);
     return;
   }
   // The residual is added by the GEMM's accumulation into the copy of base
   // that the LayerNorm before it wrote (residual_copy).
-  k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true, weights_version(weight));
+  k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true, weights_version(weight), rows);
 }
 
 template <class K>
@@ -275,7 +277,7 @@ void Graph<K>::layer_forward(int l, bool training) {
   Layer& L = acts_.layers[static_cast<std::size_t>(l)];
   const int base = layout_.blocks()[static_cast<std::size_t>(l + 1)].first_param;
   auto w = [&](int i) { return param(base + i, false); };  // f32: norms, biases
-  const std::int64_t n = tokens(), d = config().d_model, ff = config().d_ff;
+  const std::int64_t n = tokens(), d = config().d_model, ff = config().d_ff, ffs = acts_.ff_stride;
   const float* x = acts_.resid[static_cast<std::size_t>(l)].data();
   float* out = acts_.resid[static_cast<std::size_t>(l) + 1].data();
 
@@ -306,10 +308,11 @@ void Graph<K>::layer_forward(int l, bool training) {
   k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
                        d, residual_copy(out));
   k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false,
-                    weights_version(base + kFc1W));
-  // h is overwritten by gelu'(h): backward needs only the derivative.
-  k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ff);
-  residual_branch(L.a.data(), base + kFc2W, base + kFc2B, L.mid.data(), out, ff, 2 * l + 1);
+                    weights_version(base + kFc1W), LinearRows{.out = ffs});
+  // h is overwritten by gelu'(h): backward needs only the derivative. Rows
+  // ffs apart: the padding columns (zeros) go through GELU too.
+  k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ffs);
+  residual_branch(L.a.data(), base + kFc2W, base + kFc2B, L.mid.data(), out, ff, 2 * l + 1, ffs);
 }
 
 // lm: logits (f32) = lnf(x) (storage T) . W^T, W the head or the tied

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -110,13 +111,17 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
     plan.weight_copy_bytes = 2 * copied * static_cast<std::int64_t>(dtype_size(eo.compute));
   }
   // The linear products that gemm() runs through padded or transposed copies (AVX2):
-  // one scratch per thread, as large as the largest.
+  // one scratch per thread, as large as the largest. The d_ff-wide
+  // activations' rows are as the graph lays them out (row_stride: nn/graph.h).
   if (!plan.on_device) {
     const std::int64_t n = c.train().micro_batch_size() * seq_len, d = model.d_model, ff = model.d_ff;
-    for (const auto& [in, out] : {std::pair{d, 3 * d}, std::pair{d, d}, std::pair{d, ff}, std::pair{ff, d}}) {
-      for (const nn::cpu::Gemm& g : {nn::linear_forward_gemm(n, in, out, false),
-                                     nn::linear_input_grad_gemm(n, in, out, false),
-                                     nn::linear_weight_grad_gemm(n, in, out)}) {
+    const std::int64_t ffs = nn::cpu::activation_row_stride(ff, eo.compute);
+    for (const auto& [in, out, rows] : {std::tuple{d, 3 * d, nn::LinearRows{}}, std::tuple{d, d, nn::LinearRows{}},
+                                        std::tuple{d, ff, nn::LinearRows{.out = ffs}},
+                                        std::tuple{ff, d, nn::LinearRows{.in = ffs}}}) {
+      for (const nn::cpu::Gemm& g : {nn::linear_forward_gemm(n, in, out, false, rows),
+                                     nn::linear_input_grad_gemm(n, in, out, false, rows),
+                                     nn::linear_weight_grad_gemm(n, in, out, rows)}) {
         const std::int64_t bytes = nn::cpu::gemm_copy_bytes(nn::typed(g, eo.compute, DType::f32));
         plan.matmul_copy_bytes = std::max(plan.matmul_copy_bytes, bytes);
       }

@@ -33,6 +33,11 @@ class HostKernels {
 
   explicit HostKernels(HostDevice& device) : dev_(&device) {}
 
+  // The row stride of the d_ff-wide activations, which weight gradients read
+  // down their columns: padded where oneDNN's sgemm would otherwise copy them
+  // (cpu::activation_row_stride).
+  static std::int64_t row_stride(std::int64_t cols) { return activation_row_stride(cols, kCompute); }
+
   // x, w, b read; y, mean, rstd (and x_copy, when given) written.
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
@@ -55,14 +60,15 @@ class HostKernels {
   // read on this thread, so the product sees the version of its submission.
   template <class X, class Y>
   void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,
-                      std::int64_t out, bool accumulate, std::uint64_t w_version = 0) {
-    dev_->run([=] { nn::linear_forward<Fmt<X>, Fmt<Y>>(x, w, b, y, n, in, out, accumulate, w_version); });
+                      std::int64_t out, bool accumulate, std::uint64_t w_version = 0, LinearRows rows = {}) {
+    dev_->run([=] { nn::linear_forward<Fmt<X>, Fmt<Y>>(x, w, b, y, n, in, out, accumulate, w_version, rows); });
   }
   template <class X, class D>
   void linear_backward(const X* dy, const float* dy_f32, const X* x, const X* w, D* dx, float* dw, float* db,
-                       std::int64_t n, std::int64_t in, std::int64_t out, std::uint64_t w_version = 0) {
+                       std::int64_t n, std::int64_t in, std::int64_t out, std::uint64_t w_version = 0,
+                       LinearRows rows = {}) {
     dev_->run([=] {
-      nn::linear_backward<Fmt<X>, Fmt<D>>(dy, x, w, dx, dw, db, n, in, out, false, dy_f32, w_version);
+      nn::linear_backward<Fmt<X>, Fmt<D>>(dy, x, w, dx, dw, db, n, in, out, false, dy_f32, w_version, rows);
     });
   }
 
@@ -104,9 +110,10 @@ class HostKernels {
               [=] { nn::gelu_forward<F>(x, y, dydx, n); });
   }
   // Reads dy and dydx, writes dx; with dbias, reads and writes its c sums.
-  void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c) {
+  void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c,
+                     std::int64_t ld = 0) {
     dev_->run(KernelKind::gelu_backward, elements<T>(3 * n * c) + (dbias != nullptr ? f32(2 * c) : 0.0),
-              [=] { nn::gelu_backward<F>(dy, dydx, dx, dbias, n, c); });
+              [=] { nn::gelu_backward<F>(dy, dydx, dx, dbias, n, c, ld); });
   }
   void to_storage(const float* x, T* y, std::int64_t n) {
     dev_->run(KernelKind::convert, f32(n) + elements<T>(n), [=] {

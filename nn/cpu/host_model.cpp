@@ -82,8 +82,9 @@ std::int64_t planned_activation_bytes(const ModelConfig& config, const Parameter
                                                           batch, seq_len)
                                    .activation_bytes();
     using Acts = GraphActivations<typename F::T>;
-    return graph + Acts(counting, config, batch, seq_len, attention_scratch).bytes() -
-           Acts(counting, config, batch, seq_len, AttentionScratchKind::none).bytes();
+    const std::int64_t ff_stride = cpu::HostKernels<F>::row_stride(config.d_ff);
+    return graph + Acts(counting, config, batch, seq_len, attention_scratch, ff_stride).bytes() -
+           Acts(counting, config, batch, seq_len, AttentionScratchKind::none, ff_stride).bytes();
   };
   return config.compute == DType::f32 ? plan(cpu::F32Format{}) : plan(cpu::Bf16Format{});
 }

@@ -622,6 +622,12 @@ std::int64_t gemm_copy_bytes(const Gemm& g) {
   return padding(e.widen ? in_f32(g) : g, e).floats() * static_cast<std::int64_t>(sizeof(float));
 }
 
+std::int64_t activation_row_stride(std::int64_t cols, DType t) {
+  if (t != DType::f32) return cols;
+  const Gemm g{.m = cols, .n = cols, .k = 256, .trans_a = true};  // a weight gradient's dy^T, 256 rows
+  return padding(g, lookup(g, false)).a ? cols + kPadFloats : cols;
+}
+
 bool copies_weights(DType t) {
   if (widens(t)) return false;
   Gemm g{.m = 64, .n = 64, .k = 64, .trans_b = true};  // a linear layer's forward

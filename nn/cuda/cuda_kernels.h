@@ -18,7 +18,10 @@
 
 #include <cstdint>
 
+#include <fmt/format.h>
+
 #include "core/cuda/check.h"
+#include "core/error.h"
 #include "nn/attention_steps.h"
 #include "nn/cross_entropy.h"
 #include "nn/cuda/attention.h"
@@ -44,6 +47,9 @@ class CudaKernels {
 
   explicit CudaKernels(CudaDevice& device) : blas_(&device.blas()), stream_(device.stream()) {}
 
+  // cuBLAS reads every activation as stored: rows stay dense.
+  static std::int64_t row_stride(std::int64_t cols) { return cols; }
+
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
                          std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
@@ -63,19 +69,24 @@ class CudaKernels {
   // cuBLAS reads W as stored: the weights' version is not needed.
   template <class X, class Y>
   void linear_forward(const X* x, const X* w, const float* b, Y* y, std::int64_t n, std::int64_t in,
-                      std::int64_t out, bool accumulate, std::uint64_t /*w_version*/ = 0) {
-    gemm(*blas_, typed(linear_forward_gemm(n, in, out, accumulate), format<X>, format<Y>), x, w, y, b, stream_);
+                      std::int64_t out, bool accumulate, std::uint64_t /*w_version*/ = 0, LinearRows rows = {}) {
+    gemm(*blas_, typed(linear_forward_gemm(n, in, out, accumulate, rows), format<X>, format<Y>), x, w, y, b,
+         stream_);
   }
   // dx = dy W (unless null), dW += dy^T x, db += column sums of dy_f32 (when given) or of dy.
+  // REQUIRES: dense rows of dy where db is given (row_stride() keeps them so).
   template <class X, class D>
   void linear_backward(const X* dy, const float* dy_f32, const X* x, const X* w, D* dx, float* dw, float* db,
-                       std::int64_t n, std::int64_t in, std::int64_t out, std::uint64_t /*w_version*/ = 0) {
+                       std::int64_t n, std::int64_t in, std::int64_t out, std::uint64_t /*w_version*/ = 0,
+                       LinearRows rows = {}) {
     if (dx != nullptr) {
-      gemm(*blas_, typed(linear_input_grad_gemm(n, in, out, false), format<X>, format<D>), dy, w, dx, nullptr,
-           stream_);
+      gemm(*blas_, typed(linear_input_grad_gemm(n, in, out, false, rows), format<X>, format<D>), dy, w, dx,
+           nullptr, stream_);
     }
-    gemm(*blas_, typed(linear_weight_grad_gemm(n, in, out), format<X>, DType::f32), dy, x, dw, nullptr, stream_);
+    gemm(*blas_, typed(linear_weight_grad_gemm(n, in, out, rows), format<X>, DType::f32), dy, x, dw, nullptr,
+         stream_);
     if (db == nullptr) return;
+    require_dense(rows.out, out, "linear_backward's bias gradient");
     if (dy_f32 != nullptr) return add_column_sums<DType::f32>(dy_f32, db, n, out, stream_);
     add_column_sums<format<X>>(dy, db, n, out, stream_);
   }
@@ -112,7 +123,9 @@ class CudaKernels {
   void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
     cuda::gelu_forward<kCompute>(x, y, dydx, n, stream_);
   }
-  void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c) {
+  void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c,
+                     std::int64_t ld = 0) {
+    require_dense(ld, c, "gelu_backward");
     cuda::gelu_backward<kCompute>(dy, dydx, dx, dbias, n, c, stream_);
   }
   void to_storage(const float* x, T* y, std::int64_t n) { to_format<kCompute>(x, y, n, stream_); }
@@ -162,6 +175,15 @@ class CudaKernels {
  private:
   template <class E>
   static constexpr DType format = kFormatOf<E, kCompute>;
+
+  // Row strides other than the width reach a kernel here only through a
+  // caller's bug: the graph asks row_stride(), which is dense on the GPU.
+  static void require_dense(std::int64_t ld, std::int64_t width, const char* what) {
+    if (ld != 0 && ld != width) {
+      throw Error(fmt::format("{}: rows {} elements apart, {} wide: the GPU kernels take dense rows only", what, ld,
+                              width));
+    }
+  }
 
   Blas* blas_;
   cudaStream_t stream_;

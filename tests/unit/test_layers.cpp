@@ -260,6 +260,48 @@ TEST(Linear, BackwardAccumulatesAndSkipsNullDx) {
   for (std::size_t i = 0; i < nx; ++i) EXPECT_EQ(dx4[i], dx[i]);
 }
 
+// Rows further apart than their width (LinearRows: the d_ff-wide activations
+// where the CPU pads them): x and dx rows `in + 3` apart, y and dy `out + 5`.
+// Every product and the bias gradient read the same numbers as dense rows
+// (1e-6 of the values: a dense product may run another kernel), and the
+// padding columns are neither read (they hold NaN) nor written.
+TEST(Linear, StridedRowsGiveTheDenseRowsResults) {
+  LinearCase lc;
+  constexpr std::int64_t n = LinearCase::n, in = LinearCase::in, out = LinearCase::out;
+  const LinearRows rows{.in = in + 3, .out = out + 5};
+  auto strided = [](const std::vector<float>& dense, std::int64_t width, std::int64_t ld) {
+    std::vector<float> v(static_cast<std::size_t>(n * ld), kNaN);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t j = 0; j < width; ++j) v[i * ld + j] = dense[i * width + j];
+    }
+    return v;
+  };
+  auto expect_rows = [](const std::vector<float>& got, const std::vector<float>& dense, std::int64_t width,
+                        std::int64_t ld, const char* what) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t j = 0; j < width; ++j) {
+        const float want = dense[i * width + j];
+        EXPECT_NEAR(got[i * ld + j], want, 1e-6f * (1.0f + std::fabs(want))) << what << " " << i << "," << j;
+      }
+      for (std::int64_t j = width; j < ld; ++j) EXPECT_TRUE(std::isnan(got[i * ld + j])) << what << " padding";
+    }
+  };
+  lc.loss();  // lc.y: the dense forward
+  const std::vector<float> xs = strided(lc.x, in, rows.in), rs = strided(lc.r, out, rows.out);
+  std::vector<float> ys = strided(std::vector<float>(n * out, kNaN), out, rows.out);
+  linear_forward(xs.data(), lc.w.data(), lc.b.data(), ys.data(), n, in, out, false, 0, rows);
+  expect_rows(ys, lc.y, out, rows.out, "y");
+
+  std::vector<float> dx(n * in), dw(out * in, 0.0f), db(out, 0.0f);
+  linear_backward(lc.r.data(), lc.x.data(), lc.w.data(), dx.data(), dw.data(), db.data(), n, in, out);
+  std::vector<float> dxs(static_cast<std::size_t>(n * rows.in), kNaN), dws(out * in, 0.0f), dbs(out, 0.0f);
+  linear_backward(rs.data(), xs.data(), lc.w.data(), dxs.data(), dws.data(), dbs.data(), n, in, out, false, nullptr,
+                  0, rows);
+  expect_rows(dxs, dx, in, rows.in, "dx");
+  for (std::int64_t i = 0; i < out * in; ++i) EXPECT_NEAR(dws[i], dw[i], 1e-6f * (1.0f + std::fabs(dw[i]))) << i;
+  EXPECT_EQ(dbs, db);  // the same sums in the same order
+}
+
 // --------------------------------------------------------------------- GELU
 
 double gelu_ref(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
@@ -372,6 +414,31 @@ TEST(Gelu, BackwardSumsTheBiasGradientInTheSamePass) {
   }
   EXPECT_EQ(dx, dx_alone);
   EXPECT_EQ(db, db_alone);
+}
+
+// Rows ld apart (the CPU's padded d_ff-wide activations): the same dx and
+// dbias as dense rows, bit for bit, and the padding columns untouched.
+TEST(Gelu, BackwardWithRowsApartMatchesDenseRows) {
+  constexpr std::int64_t n = 6, c = 9, ld = 16;
+  std::mt19937 rng(33);
+  const std::vector<float> dy = random_normal(rng, n * c), dydx = random_normal(rng, n * c);
+  auto strided = [&](const std::vector<float>& dense) {
+    std::vector<float> v(n * ld, kNaN);
+    for (std::int64_t i = 0; i < n; ++i) std::copy_n(dense.begin() + i * c, c, v.begin() + i * ld);
+    return v;
+  };
+  for (bool bias : {false, true}) {
+    std::vector<float> dx(n * c), db(c, 0.25f), db_strided(c, 0.25f);
+    gelu_backward(dy.data(), dydx.data(), dx.data(), bias ? db.data() : nullptr, n, c);
+    std::vector<float> dxs = strided(dy);  // in place, as the graph runs it
+    const std::vector<float> dydxs = strided(dydx);
+    gelu_backward(dxs.data(), dydxs.data(), dxs.data(), bias ? db_strided.data() : nullptr, n, c, ld);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t j = 0; j < c; ++j) EXPECT_EQ(dxs[i * ld + j], dx[i * c + j]) << i << "," << j;
+      for (std::int64_t j = c; j < ld; ++j) EXPECT_TRUE(std::isnan(dxs[i * ld + j])) << "padding " << i << "," << j;
+    }
+    EXPECT_EQ(db_strided, db) << "bias " << bias;
+  }
 }
 
 // ---------------------------------------------------------------- Embedding

@@ -176,6 +176,27 @@ TEST(Matmul, OperandsWithRowsAMultipleOfOneKiBApartMatchReferenceAndTheirPaddedC
   }
 }
 
+// The row stride for activations that weight gradients read: 16 floats more
+// exactly where gemm() would read such rows (as dy^T, or x as stored) through
+// a padded copy, so that rows written with it are read as stored; dense
+// elsewhere, and for 16-bit types (which widen into dense scratch or run
+// kernels of their own).
+TEST(Matmul, ActivationRowStridePadsExactlyTheRowsGemmWouldCopy) {
+  for (std::int64_t cols : {64, 256, 257, 768, 1024}) {
+    const Gemm dy_t{.m = cols, .n = 48, .k = 256, .trans_a = true, .accumulate = true};  // dy [256, cols]
+    const Gemm x{.m = 48, .n = cols, .k = 256, .trans_a = true, .accumulate = true};     // x [256, cols]
+    const std::int64_t stride = activation_row_stride(cols, DType::f32);
+    EXPECT_EQ(stride, gemm_copy_bytes(dy_t) > 0 ? cols + 16 : cols) << cols;
+    EXPECT_EQ(stride, gemm_copy_bytes(x) > 0 ? cols + 16 : cols) << cols;
+    Gemm dy_t_strided = dy_t, x_strided = x;
+    dy_t_strided.lda = stride;
+    x_strided.ldb = stride;
+    EXPECT_EQ(gemm_copy_bytes(dy_t_strided), 0) << cols;
+    EXPECT_EQ(gemm_copy_bytes(x_strided), 0) << cols;
+    EXPECT_EQ(activation_row_stride(cols, DType::bf16), cols);
+  }
+}
+
 // A linear layer's forward (x W^T) with 1024 rows or more and a B of 256
 // columns or fewer: where oneDNN's sgemm runs it (AVX2 alone), gemm() reads a
 // transposed copy of W, with the product of W stored [K, N + 16] bit for bit,

@@ -22,6 +22,9 @@
 #include "core/error.h"
 #include "nn/adamw.h"
 #include "nn/cpu/host_device.h"
+#include "nn/cpu/host_kernels.h"
+#include "nn/graph_backward.h"
+#include "nn/graph_forward.h"
 #include "nn/parameters.h"
 #include "unit/gradient_check.h"
 
@@ -606,6 +609,44 @@ TEST(Transformer, IdenticalRunsAreBitwiseIdentical) {
   Harness init(c, 2, 5, 9);
   EXPECT_NE(std::memcmp(a.data(), init.store.params().data(), a.size() * sizeof(float)), 0)
       << "training changed nothing";
+}
+
+// HostKernels with every row dense, as on a CPU whose products read the
+// d_ff-wide activations as stored (row_stride: nn/graph.h).
+struct DenseRowKernels : cpu::HostKernels<cpu::F32Format> {
+  using HostKernels::HostKernels;
+  static std::int64_t row_stride(std::int64_t cols) { return cols; }
+};
+
+// Where the CPU pads the rows of h, a and d_h (oneDNN's sgemm, d_ff a
+// multiple of 256: cpu::activation_row_stride), training is the dense rows'
+// training bit for bit: every product reads the same numbers and no kernel
+// reads the padding. Elsewhere both graphs are the same graph.
+TEST(Transformer, PaddedFeedForwardRowsTrainAsDenseRows) {
+  const ModelConfig c = sized(ModelConfig::Kind::lm,
+                              {.vocab = 16, .d_model = 32, .heads = 2, .layers = 2, .d_ff = 256, .max_seq_len = 8});
+  constexpr std::int64_t B = 2, T = 8;
+  Harness padded(c, B, T, 3), dense(c, B, T, 3);
+  dense.model = std::make_unique<Graph<DenseRowKernels>>(dense.device, DenseRowKernels(dense.device), c,
+                                                         dense.layout, B, T);
+  dense.model->bind(dense.store.pointers());
+  randomize(padded, 4);
+  randomize(dense, 4);
+  const std::int64_t stride = cpu::HostKernels<cpu::F32Format>::row_stride(c.d_ff);
+  EXPECT_EQ(stride, cpu::activation_row_stride(c.d_ff, DType::f32));
+  EXPECT_EQ(padded.model->activation_bytes() - dense.model->activation_bytes(),
+            (stride - c.d_ff) * B * T * 4 * (2 * c.n_layers + 1));  // h and a per layer, d_h
+  AdamWHyper hyper;
+  hyper.lr = 1e-2f;
+  for (std::int64_t step = 0; step < 3; ++step) {
+    EXPECT_EQ(train_step(padded, hyper, step), train_step(dense, hyper, step)) << "loss, step " << step;
+  }
+  EXPECT_EQ(std::memcmp(padded.store.params().data(), dense.store.params().data(),
+                        padded.store.params().size() * sizeof(float)),
+            0);
+  EXPECT_EQ(std::memcmp(padded.store.grads().data(), dense.store.grads().data(),
+                        padded.store.grads().size() * sizeof(float)),
+            0);
 }
 
 ModelConfig init_config() {
