@@ -152,10 +152,13 @@ class Model {
 // What Model::activation_bytes() of this model would be, computed without
 // allocating: a dry run's figure. The buffers are the same on every device
 // but for the attention scratch a GPU's kernel set asks for (attention_scratch:
-// nn::gpu_attention_scratch on a GPU).
+// nn::gpu_attention_scratch on a GPU) and the row stride of the d_ff-wide
+// activations (ff_stride; 0: the CPU's, cpu::activation_row_stride; a GPU's
+// rows are dense, d_ff).
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout,
                                       std::int64_t batch, std::int64_t seq_len,
-                                      AttentionScratchKind attention_scratch = AttentionScratchKind::none);
+                                      AttentionScratchKind attention_scratch = AttentionScratchKind::none,
+                                      std::int64_t ff_stride = 0);
 
 // One forward's result on its own: reset_result(), forward(), collect().
 ForwardResult forward_once(Model& model, const ModelInputs& inputs, BlockHooks& hooks, bool training,

@@ -73,18 +73,21 @@ class CountingDevice final : public Device {
 }  // namespace
 
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
-                                      std::int64_t seq_len, AttentionScratchKind attention_scratch) {
+                                      std::int64_t seq_len, AttentionScratchKind attention_scratch,
+                                      std::int64_t ff_stride) {
   CountingDevice counting;
   cpu::HostDevice host;  // the kernels' device: never called while the graph is built
-  // Only the storage type changes the sizes; the scratch is added on its own.
+  // Only the storage type changes the sizes; the scratch and another row
+  // stride are added on their own.
   auto plan = [&]<class F>(F) {
     const std::int64_t graph = Graph<cpu::HostKernels<F>>(counting, cpu::HostKernels<F>(host), config, layout,
                                                           batch, seq_len)
                                    .activation_bytes();
     using Acts = GraphActivations<typename F::T>;
-    const std::int64_t ff_stride = cpu::HostKernels<F>::row_stride(config.d_ff);
-    return graph + Acts(counting, config, batch, seq_len, attention_scratch, ff_stride).bytes() -
-           Acts(counting, config, batch, seq_len, AttentionScratchKind::none, ff_stride).bytes();
+    const std::int64_t host_stride = cpu::HostKernels<F>::row_stride(config.d_ff);
+    const std::int64_t stride = ff_stride != 0 ? ff_stride : host_stride;
+    return graph + Acts(counting, config, batch, seq_len, attention_scratch, stride).bytes() -
+           Acts(counting, config, batch, seq_len, AttentionScratchKind::none, host_stride).bytes();
   };
   return config.compute == DType::f32 ? plan(cpu::F32Format{}) : plan(cpu::Bf16Format{});
 }

@@ -636,6 +636,10 @@ TEST(Transformer, PaddedFeedForwardRowsTrainAsDenseRows) {
   EXPECT_EQ(stride, cpu::activation_row_stride(c.d_ff, DType::f32));
   EXPECT_EQ(padded.model->activation_bytes() - dense.model->activation_bytes(),
             (stride - c.d_ff) * B * T * 4 * (2 * c.n_layers + 1));  // h and a per layer, d_h
+  // A dry run's figure: the host's rows, or a GPU's dense ones.
+  EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T), padded.model->activation_bytes());
+  EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T, AttentionScratchKind::none, c.d_ff),
+            dense.model->activation_bytes());
   AdamWHyper hyper;
   hyper.lr = 1e-2f;
   for (std::int64_t step = 0; step < 3; ++step) {
