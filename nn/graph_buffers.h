@@ -52,7 +52,7 @@ struct GraphActivations {
       : ff_stride(ff_stride_) {
     const auto bt = static_cast<std::size_t>(B * T_);
     const auto d = static_cast<std::size_t>(c.d_model);
-    const auto ff = static_cast<std::size_t>(ff_stride);
+    const auto ffs = static_cast<std::size_t>(ff_stride);
     const auto rows = static_cast<std::size_t>(B * c.n_heads * T_);
     const bool lm = c.kind == ModelConfig::Kind::lm;
     const std::size_t half_only = kF32 ? 0 : 1;
@@ -60,8 +60,8 @@ struct GraphActivations {
     layers.resize(static_cast<std::size_t>(c.n_layers));
     for (Layer& L : layers) {
       for (Store* s : {&L.ln1, &L.q, &L.k, &L.v, &L.attn, &L.ln2}) *s = Store(dev, bt * d);
-      L.h = Store(dev, bt * ff);
-      L.a = Store(dev, bt * ff);
+      L.h = Store(dev, bt * ffs);
+      L.a = Store(dev, bt * ffs);
       for (F32* s : {&L.ln1_mean, &L.ln1_rstd, &L.ln2_mean, &L.ln2_rstd}) *s = F32(dev, bt);
       L.mid = F32(dev, bt * d);
       L.lse = F32(dev, rows);
@@ -80,7 +80,7 @@ struct GraphActivations {
     d_resid_sums = F32(dev, c.dropout > 0.0f ? 0 : d);
     d_attn = Store(dev, bt * d);
     d_resid16 = Store(dev, half_only * bt * d);
-    d_h = Store(dev, bt * ff);
+    d_h = Store(dev, bt * ffs);
     d_qkv = Store(dev, bt * 3 * d);
     d_logits16 = Store(dev, lm ? half_only * static_cast<std::size_t>(logits_rows * c.vocab_size) : 0);
     const std::size_t batched = scratch == AttentionScratchKind::whole_batch ? 1 : 0;

@@ -310,7 +310,8 @@ void Graph<K>::layer_forward(int l, bool training) {
   k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false,
                     weights_version(base + kFc1W), LinearRows{.out = ffs});
   // h is overwritten by gelu'(h): backward needs only the derivative. Rows
-  // ffs apart: the padding columns (zeros) go through GELU too.
+  // ffs apart: the padding columns, which nothing reads, go through GELU too
+  // (zeros at first, then GELU's finite outputs).
   k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ffs);
   residual_branch(L.a.data(), base + kFc2W, base + kFc2B, L.mid.data(), out, ff, 2 * l + 1, ffs);
 }
