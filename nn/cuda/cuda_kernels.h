@@ -79,6 +79,7 @@ class CudaKernels {
   void linear_backward(const X* dy, const float* dy_f32, const X* x, const X* w, D* dx, float* dw, float* db,
                        std::int64_t n, std::int64_t in, std::int64_t out, std::uint64_t /*w_version*/ = 0,
                        LinearRows rows = {}) {
+    if (db != nullptr) require_dense(rows.out, out, "linear_backward's bias gradient");  // before any work
     if (dx != nullptr) {
       gemm(*blas_, typed(linear_input_grad_gemm(n, in, out, false, rows), format<X>, format<D>), dy, w, dx,
            nullptr, stream_);
@@ -86,7 +87,6 @@ class CudaKernels {
     gemm(*blas_, typed(linear_weight_grad_gemm(n, in, out, rows), format<X>, DType::f32), dy, x, dw, nullptr,
          stream_);
     if (db == nullptr) return;
-    require_dense(rows.out, out, "linear_backward's bias gradient");
     if (dy_f32 != nullptr) return add_column_sums<DType::f32>(dy_f32, db, n, out, stream_);
     add_column_sums<format<X>>(dy, db, n, out, stream_);
   }
