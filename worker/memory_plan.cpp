@@ -111,8 +111,9 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
     }
     plan.weight_copy_bytes = 2 * copied * static_cast<std::int64_t>(dtype_size(eo.compute));
   }
-  // The linear products that gemm() runs through padded or transposed copies (AVX2):
-  // one scratch per thread, as large as the largest. The d_ff-wide
+  // The linear products' operand copies (AVX2: dtrain's own kernel's packed
+  // blocks, or oneDNN's sgemm's padded or transposed copies): one scratch per
+  // thread, as large as the largest. The d_ff-wide
   // activations' rows are as the graph lays them out (row_stride: nn/graph.h).
   if (!plan.on_device) {
     const std::int64_t n = c.train().micro_batch_size() * seq_len, d = model.d_model, ff = model.d_ff;
@@ -123,7 +124,7 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
       for (const nn::cpu::Gemm& g : {nn::linear_forward_gemm(n, in, out, false, rows),
                                      nn::linear_input_grad_gemm(n, in, out, false, rows),
                                      nn::linear_weight_grad_gemm(n, in, out, rows)}) {
-        const std::int64_t bytes = nn::cpu::gemm_copy_bytes(nn::typed(g, eo.compute, DType::f32));
+        const std::int64_t bytes = nn::cpu::gemm_scratch_bytes(nn::typed(g, eo.compute, DType::f32));
         plan.matmul_copy_bytes = std::max(plan.matmul_copy_bytes, bytes);
       }
     }
@@ -146,7 +147,7 @@ std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
     out += fmt::format("  weight layouts   {:>10.1f} MiB (host, oneDNN's copies)\n", mib(p.weight_copy_bytes));
   }
   if (p.matmul_copy_bytes > 0) {
-    out += fmt::format("  matmul copies    {:>10.1f} MiB (host, padded or transposed operands for oneDNN's sgemm)\n",
+    out += fmt::format("  matmul copies    {:>10.1f} MiB (host, packed or padded operands, per thread)\n",
                        mib(p.matmul_copy_bytes));
   }
   out += fmt::format("  data loaders     {:>10.1f} MiB (host)\n", mib(p.loader_bytes));

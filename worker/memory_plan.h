@@ -19,7 +19,7 @@ struct MemoryPlan {
   sharding::MemoryStats state;       // parameters, gradients, moments, working buffers
   std::int64_t activation_bytes = 0;  // activations, backward scratch, staged inputs
   std::int64_t weight_copy_bytes = 0; // the linears' weights in oneDNN's layout (cpu::gemm_weights)
-  std::int64_t matmul_copy_bytes = 0; // padded copies of weight-gradient operands (cpu::gemm_copy_bytes)
+  std::int64_t matmul_copy_bytes = 0; // the linear products' operand copies (cpu::gemm_scratch_bytes)
   std::int64_t loader_bytes = 0;      // the train and held-out loaders' batches
   std::int64_t resident_bytes = 0;    // held by the process already (resident set size now)
   bool on_device = false;             // state and activations live in GPU memory, not the host's

@@ -23,6 +23,7 @@
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "nn/cpu/convert.h"
+#include "nn/cpu/gemm_avx2.h"
 #include "nn/cpu/kernel_profile.h"
 
 namespace dtrain::nn::cpu {
@@ -159,6 +160,7 @@ struct Entry {
   int nargs = 0;
   std::string impl;
   bool sgemm = false;  // impl is oneDNN's sgemm ("gemm:jit"): see padding()
+  bool avx2 = false;   // runs avx2_gemm (kAvx2Impl), not oneDNN: prim and its memories are empty
   // Operands that widen (gemm_widens) run the f32 primitive on widened
   // copies of these extents.
   bool widen = false;
@@ -292,6 +294,18 @@ bool bf16_kernels() {
   return yes;
 }
 
+// Products that gemm() runs through dtrain's own kernel (nn/cpu/gemm_avx2.h)
+// rather than oneDNN: on CPUs with AVX2 alone (avx2_gemm_preferred), f32 or
+// widened, whose op(A) has kAvx2MinA elements or more. oneDNN's sgemm stays
+// faster on attention's tiles (op(A) of 64 x 64 to 128 x 64 at T = 128), where
+// packing costs more than it saves. A rule on m and k alone: a product split
+// by columns (a head's share of a projection) runs where the whole one does,
+// so each head's numbers are the whole product's bit for bit.
+constexpr std::int64_t kAvx2MinA = std::int64_t{1} << 14;
+constexpr const char* kAvx2Impl = "dtrain:avx2_gemm";
+
+bool runs_avx2(const Gemm& g) { return avx2_gemm_preferred() && g.m * g.k >= kAvx2MinA; }
+
 std::unique_ptr<Entry> create_entry(const Key& key) {
   const Gemm& g = key.g;
   validate(g, key.bias);
@@ -300,6 +314,17 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
   const Operand oc = operand(g.m, g.n, false, g.ldc, g.stride_c);
   // Widened operands run the f32 primitive (see matmul.h).
   const bool widen = gemm_widens(g);
+  if (runs_avx2(g) && (widen || g.a_type == DType::f32)) {
+    auto entry = std::make_unique<Entry>();
+    entry->impl = kAvx2Impl;
+    entry->avx2 = true;
+    entry->widen = widen;
+    entry->plain_b = true;  // it packs B itself, per call
+    entry->extent_a = extent(oa, g.batch);
+    entry->extent_b = extent(ob, g.batch);
+    entry->extent_c = extent(oc, g.batch);
+    return entry;
+  }
   auto type = [widen](DType t) { return widen ? dnnl::memory::data_type::f32 : dnnl_type(t); };
   const dnnl::memory::desc a = describe(oa, g.trans_a, g.batch, type(g.a_type));
   const dnnl::memory::desc b_stored = describe(ob, g.trans_b, g.batch, type(g.b_type));
@@ -394,7 +419,17 @@ void check_status(dnnl_status_t status, const char* what, const Gemm& g) {
   }
 }
 
+// g with every type f32: the product a widened g runs.
+Gemm in_f32(Gemm g) {
+  g.a_type = g.b_type = g.c_type = DType::f32;
+  return g;
+}
+
 void run(const Gemm& g, Entry& e, const void* a, const void* b, void* c, const float* bias) {
+  if (e.avx2) {
+    avx2_gemm(in_f32(g), static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), bias);
+    return;
+  }
   // oneDNN takes non-const handles; it never writes through a, b or bias.
   check_status(dnnl_memory_set_data_handle_v2(e.a.get(), const_cast<void*>(a), nullptr),
                "set_data_handle(A)", g);
@@ -516,12 +551,6 @@ bool run_padded(const Gemm& g, const Entry& e, const void* a, const void* b, voi
   return true;
 }
 
-// g with every type f32: the product a widened g runs.
-Gemm in_f32(Gemm g) {
-  g.a_type = g.b_type = g.c_type = DType::f32;
-  return g;
-}
-
 // An operand widened to f32 in `scratch` (grown once, then reused).
 const float* widened(const void* p, DType t, std::int64_t n, std::vector<float>& scratch) {
   if (t == DType::f32) return static_cast<const float*>(p);
@@ -620,6 +649,11 @@ bool gemm_widens(const Gemm& g) { return widens(g.a_type) || widens(g.b_type) ||
 std::int64_t gemm_copy_bytes(const Gemm& g) {
   const Entry& e = lookup(g, false);
   return padding(e.widen ? in_f32(g) : g, e).floats() * static_cast<std::int64_t>(sizeof(float));
+}
+
+std::int64_t gemm_scratch_bytes(const Gemm& g) {
+  const Entry& e = lookup(g, false);
+  return e.avx2 ? avx2_gemm_scratch_bytes(g) : gemm_copy_bytes(g);
 }
 
 std::int64_t activation_row_stride(std::int64_t cols, DType t) {

@@ -1,5 +1,8 @@
 // Every matrix multiply of dtrain's CPU training loop: one call on oneDNN's
-// matmul primitive (JIT, AVX-512 where the CPU has it). No GEMM loops elsewhere.
+// matmul primitive (JIT, AVX-512 where the CPU has it), or, on CPUs with AVX2
+// alone, for products with an op(A) of 2^14 elements or more, on dtrain's own
+// AVX2 kernel (nn/cpu/gemm_avx2.h), which runs them faster than oneDNN's
+// sgemm there. No GEMM loops elsewhere.
 //
 // Threading: callable from any number of threads at once. Each thread owns its
 // own cache of primitives, memory objects and stream (oneDNN's default
@@ -102,10 +105,15 @@ std::string gemm_weights_pack_info(const Gemm& g, bool with_bias);
 bool widens(DType t);
 bool gemm_widens(const Gemm& g);
 
-// Bytes of the padded copies gemm(g) makes of its operands on this CPU (0
-// where it reads them as stored); the scratch holding them grows to the
-// largest and is kept.
+// Bytes of the padded copies gemm(g) makes of its operands for oneDNN's sgemm
+// on this CPU (0 where it reads them as stored); the scratch holding them
+// grows to the largest and is kept.
 std::int64_t gemm_copy_bytes(const Gemm& g);
+
+// Bytes of all the per-thread scratch gemm(g) copies its operands into: the
+// padded copies above, or the packed blocks of dtrain's own kernel
+// (gemm_avx2.h). Each scratch grows to the largest and is kept.
+std::int64_t gemm_scratch_bytes(const Gemm& g);
 
 // The row stride, in elements, to give an activation of `cols` columns of
 // type t that weight gradients read (down its columns, as dy^T or x): cols,

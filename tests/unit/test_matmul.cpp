@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <omp.h>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "nn/cpu/gemm_avx2.h"
 
 // Counting global operator new/delete: counts only while g_count_allocs is set.
 // Out of line, so that GCC does not pair an inlined free() with `new` and warn.
@@ -124,10 +126,12 @@ void expect_matches_reference(const Gemm& g, const Operands& o, const std::vecto
   EXPECT_EQ(bad, 0) << gemm_string(g);
 }
 
-void run_and_check(const Gemm& g, bool with_bias, unsigned seed) {
+using Product = void (*)(const Gemm&, const float*, const float*, float*, const float*);
+
+void run_and_check(const Gemm& g, bool with_bias, unsigned seed, Product product = gemm) {
   const Operands o = make_operands(g, seed);
   std::vector<float> c = o.c;
-  gemm(g, o.a.data(), o.b.data(), c.data(), with_bias ? o.bias.data() : nullptr);
+  product(g, o.a.data(), o.b.data(), c.data(), with_bias ? o.bias.data() : nullptr);
   expect_matches_reference(g, o, c, with_bias);
 }
 
@@ -179,12 +183,14 @@ TEST(Matmul, OperandsWithRowsAMultipleOfOneKiBApartMatchReferenceAndTheirPaddedC
 // The row stride for activations that weight gradients read: 16 floats more
 // exactly where gemm() would read such rows (as dy^T, or x as stored) through
 // a padded copy, so that rows written with it are read as stored; dense
-// elsewhere, and for 16-bit types (which widen into dense scratch or run
-// kernels of their own).
+// elsewhere (dtrain's own kernel on AVX2, which packs every operand itself;
+// oneDNN's brgemm on AVX-512), and for 16-bit types (which widen into dense
+// scratch or run kernels of their own). The products: weight gradients of a
+// cols-wide layer to and from one of cols, over 256 rows.
 TEST(Matmul, ActivationRowStridePadsExactlyTheRowsGemmWouldCopy) {
   for (std::int64_t cols : {64, 256, 257, 768, 1024}) {
-    const Gemm dy_t{.m = cols, .n = 48, .k = 256, .trans_a = true, .accumulate = true};  // dy [256, cols]
-    const Gemm x{.m = 48, .n = cols, .k = 256, .trans_a = true, .accumulate = true};     // x [256, cols]
+    const Gemm dy_t{.m = cols, .n = cols, .k = 256, .trans_a = true, .accumulate = true, .ldb = 2 * cols + 1};
+    const Gemm x{.m = cols, .n = cols, .k = 256, .trans_a = true, .accumulate = true, .lda = 2 * cols + 1};
     const std::int64_t stride = activation_row_stride(cols, DType::f32);
     EXPECT_EQ(stride, gemm_copy_bytes(dy_t) > 0 ? cols + 16 : cols) << cols;
     EXPECT_EQ(stride, gemm_copy_bytes(x) > 0 ? cols + 16 : cols) << cols;
@@ -311,6 +317,110 @@ TEST(Matmul, InterleavedHeadsMatchReference) {
   context.m = t, context.n = hd, context.k = t, context.batch = heads;
   context.ldb = 3 * d, context.ldc = d, context.stride_b = hd, context.stride_c = hd;
   run_and_check(context, false, 301);
+}
+
+// dtrain's own kernel (gemm_avx2.h), called directly on any CPU with AVX2:
+// every transpose, bias, accumulation and alpha, at shapes with partial tiles
+// (m not a multiple of 6, n of 16), k across its blocks of 256, m across its
+// blocks of 144 rows, n across its blocks of 1024 columns and past 256 (A
+// packed rather than read as stored), with padded leading dimensions.
+TEST(Avx2Gemm, AllTransposesEdgesAndBlocksMatchReference) {
+  if (!avx2_gemm_supported()) GTEST_SKIP() << "this CPU has no AVX2 and FMA";
+  const std::int64_t shapes[][3] = {{1, 1, 1},    {5, 7, 3},     {6, 16, 8},  {7, 17, 257},
+                                    {13, 40, 300}, {150, 33, 64}, {12, 300, 20}, {9, 1030, 9}};
+  unsigned seed = 400;
+  for (const auto& s : shapes) {
+    for (int flags = 0; flags < 32; ++flags) {
+      Gemm g{.m = s[0], .n = s[1], .k = s[2], .trans_a = (flags & 1) != 0, .trans_b = (flags & 2) != 0,
+             .accumulate = (flags & 4) != 0};
+      const bool with_bias = flags & 8;
+      if (!with_bias) g.alpha = 0.125f;
+      if (flags & 16) {
+        g.lda = (g.trans_a ? g.m : g.k) + 3;
+        g.ldb = (g.trans_b ? g.k : g.n) + 5;
+        g.ldc = g.n + 7;
+      }
+      run_and_check(g, with_bias, seed++, avx2_gemm);
+    }
+  }
+}
+
+TEST(Avx2Gemm, BatchedWithStridesMatchReference) {
+  if (!avx2_gemm_supported()) GTEST_SKIP() << "this CPU has no AVX2 and FMA";
+  unsigned seed = 500;
+  for (int flags = 0; flags < 16; ++flags) {
+    Gemm g{.m = 14, .n = 20, .k = 40, .trans_a = (flags & 1) != 0, .trans_b = (flags & 2) != 0,
+           .accumulate = (flags & 4) != 0, .batch = 3};
+    g.lda = (g.trans_a ? g.m : g.k) + 8;
+    g.ldc = g.n + 4;
+    g.stride_a = (g.trans_a ? g.k : g.m) * g.lda + 16;
+    g.stride_b = g.k * g.n + 32;
+    g.stride_c = g.m * g.ldc + 8;
+    run_and_check(g, flags & 8, seed++, avx2_gemm);
+  }
+}
+
+// Each element of C sums the same products in the same order however the
+// product is split: over threads, by columns (a head's share of a projection:
+// n <= 256 reads A as stored, the whole packs it) or by rows.
+TEST(Avx2Gemm, ResultsDoNotDependOnThreadsOrOnHowTheProductIsSplit) {
+  if (!avx2_gemm_supported()) GTEST_SKIP() << "this CPU has no AVX2 and FMA";
+  for (bool trans_b : {false, true}) {
+    const Gemm g{.m = 300, .n = 520, .k = 600, .trans_b = trans_b};
+    const Operands o = make_operands(g, 600);
+    std::vector<float> one(o.c.size()), two(o.c.size());
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    avx2_gemm(g, o.a.data(), o.b.data(), one.data(), o.bias.data());
+    omp_set_num_threads(2);
+    avx2_gemm(g, o.a.data(), o.b.data(), two.data(), o.bias.data());
+    omp_set_num_threads(threads);
+    EXPECT_EQ(one, two) << gemm_string(g);
+    // Columns [64, 128): B's columns (or rows, transposed) from the 64th, C's too.
+    Gemm cols = g;
+    cols.n = 64;
+    cols.ldb = trans_b ? g.k : g.n;
+    cols.ldc = g.n;
+    std::vector<float> part(o.c.size(), 0.0f);
+    avx2_gemm(cols, o.a.data(), o.b.data() + (trans_b ? 64 * g.k : 64), part.data() + 64, o.bias.data() + 64);
+    // Rows [150, 300).
+    Gemm rows = g;
+    rows.m = 150;
+    avx2_gemm(rows, o.a.data() + 150 * g.k, o.b.data(), part.data() + 150 * g.n, o.bias.data());
+    int bad = 0;
+    for (std::int64_t i = 0; i < g.m; ++i) {
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        if ((j < 64 || j >= 128) && i < 150) continue;
+        const auto at = static_cast<std::size_t>(i * g.n + j);
+        if (part[at] != one[at] && bad++ < 5) ADD_FAILURE() << "(" << i << ", " << j << ") trans_b " << trans_b;
+      }
+    }
+  }
+}
+
+// gemm() runs f32 products whose op(A) has 2^14 elements or more through the
+// own kernel where it is preferred (AVX2 without AVX-512), bit for bit its
+// result; the rest, and every product elsewhere, through oneDNN.
+TEST(Avx2Gemm, GemmRunsItExactlyWherePreferred) {
+  unsigned seed = 700;
+  for (const Gemm& g : {Gemm{.m = 128, .n = 64, .k = 128}, Gemm{.m = 64, .n = 1024, .k = 64, .trans_b = true},
+                        Gemm{.m = 256, .n = 48, .k = 64, .trans_a = true, .accumulate = true},
+                        Gemm{.m = 127, .n = 64, .k = 129}}) {
+    const bool own = avx2_gemm_preferred() && g.m * g.k >= (1 << 14);
+    EXPECT_EQ(gemm_impl_info(g, false) == "dtrain:avx2_gemm", own) << gemm_string(g);
+    Gemm wide = g;
+    wide.a_type = wide.b_type = wide.c_type = DType::bf16;
+    if (gemm_widens(wide)) {
+      EXPECT_EQ(gemm_impl_info(wide, false) == "dtrain:avx2_gemm", own) << gemm_string(g);
+    }
+    run_and_check(g, !g.accumulate, seed++);
+    if (!own) continue;
+    const Operands o = make_operands(g, seed++);
+    std::vector<float> c = o.c, c_own = o.c;
+    gemm(g, o.a.data(), o.b.data(), c.data());
+    avx2_gemm(g, o.a.data(), o.b.data(), c_own.data(), nullptr);
+    EXPECT_EQ(c, c_own) << gemm_string(g);
+  }
 }
 
 TEST(Matmul, RejectsMalformedShapes) {

@@ -611,17 +611,18 @@ TEST(Transformer, IdenticalRunsAreBitwiseIdentical) {
       << "training changed nothing";
 }
 
-// HostKernels with every row dense, as on a CPU whose products read the
-// d_ff-wide activations as stored (row_stride: nn/graph.h).
-struct DenseRowKernels : cpu::HostKernels<cpu::F32Format> {
+// HostKernels whose d_ff-wide activations' rows are cols + Pad floats apart
+// (row_stride: nn/graph.h). The CPU's own choice (cpu::activation_row_stride)
+// pads them only where oneDNN's sgemm would copy them (CPUs without AVX2).
+template <std::int64_t Pad>
+struct RowKernels : cpu::HostKernels<cpu::F32Format> {
   using HostKernels::HostKernels;
-  static std::int64_t row_stride(std::int64_t cols) { return cols; }
+  static std::int64_t row_stride(std::int64_t cols) { return cols + Pad; }
 };
 
-// Where the CPU pads the rows of h, a and d_h (oneDNN's sgemm, d_ff a
-// multiple of 256: cpu::activation_row_stride), training is the dense rows'
-// training bit for bit: every product reads the same numbers and no kernel
-// reads the padding. Elsewhere both graphs are the same graph.
+// Rows of h, a and d_h 16 floats apart train as dense rows do, bit for bit:
+// every product reads the same numbers and no kernel reads the padding. The
+// dry run's figure follows the stride it is given, and the CPU's own graph.
 TEST(Transformer, PaddedFeedForwardRowsTrainAsDenseRows) {
   for (float dropout : {0.0f, 0.1f}) {  // with dropout, fc2's product writes a branch buffer of its own
     ModelConfig c = sized(ModelConfig::Kind::lm,
@@ -629,17 +630,19 @@ TEST(Transformer, PaddedFeedForwardRowsTrainAsDenseRows) {
     c.dropout = dropout;
     constexpr std::int64_t B = 2, T = 8;
     Harness padded(c, B, T, 3), dense(c, B, T, 3);
-    dense.model = std::make_unique<Graph<DenseRowKernels>>(dense.device, DenseRowKernels(dense.device), c,
-                                                           dense.layout, B, T);
+    EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T), padded.model->activation_bytes());
+    padded.model = std::make_unique<Graph<RowKernels<16>>>(padded.device, RowKernels<16>(padded.device), c,
+                                                           padded.layout, B, T);
+    padded.model->bind(padded.store.pointers());
+    dense.model = std::make_unique<Graph<RowKernels<0>>>(dense.device, RowKernels<0>(dense.device), c,
+                                                         dense.layout, B, T);
     dense.model->bind(dense.store.pointers());
     randomize(padded, 4);
     randomize(dense, 4);
-    const std::int64_t stride = cpu::HostKernels<cpu::F32Format>::row_stride(c.d_ff);
-    EXPECT_EQ(stride, cpu::activation_row_stride(c.d_ff, DType::f32));
     EXPECT_EQ(padded.model->activation_bytes() - dense.model->activation_bytes(),
-              (stride - c.d_ff) * B * T * 4 * (2 * c.n_layers + 1));  // h and a per layer, d_h
-    // A dry run's figure: the host's rows, or a GPU's dense ones.
-    EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T), padded.model->activation_bytes());
+              16 * B * T * 4 * (2 * c.n_layers + 1));  // h and a per layer, d_h
+    EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T, AttentionScratchKind::none, c.d_ff + 16),
+              padded.model->activation_bytes());
     EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T, AttentionScratchKind::none, c.d_ff),
               dense.model->activation_bytes());
     AdamWHyper hyper;

@@ -1,0 +1,37 @@
+// dtrain's own f32 product for CPUs with AVX2 and FMA but no AVX-512: the
+// machines on which oneDNN 2.6 has no brgemm matmul and runs its JIT sgemm
+// ("gemm:jit"). Measured against that sgemm on an AVX2 AMD EPYC (Zen 3), one
+// thread, at every product of an lm-small step (bench/gemm-shapes: `dtrain-bench
+// gemm`), this kernel is faster at all of them; see docs/ARCHITECTURE.md.
+//
+// The method is the classic one of BLIS and OpenBLAS for AVX2: op(B) is packed
+// in blocks of kKC rows into panels of 16 columns, op(A) in blocks of kMC rows
+// into panels of 6 rows, and a 6 x 16 register tile (12 accumulators) runs
+// over each pair of panels, one broadcast of A and two loads of B per 12 FMAs.
+// Every element of C sums its products over k in the same order whatever the
+// thread count: threads split C, never k.
+#pragma once
+
+#include "nn/cpu/matmul.h"
+
+namespace dtrain::nn::cpu {
+
+// True when this CPU has AVX2 and FMA (avx2_gemm runs here at all).
+bool avx2_gemm_supported();
+
+// True when gemm() runs f32 products through avx2_gemm on this CPU: it has
+// AVX2 and FMA and no AVX-512 (where oneDNN's brgemm kernels run instead).
+bool avx2_gemm_preferred();
+
+// gemm()'s contract (matmul.h) for f32 operands: C = alpha * op(A) op(B)
+// (+ bias) (+ C if accumulate), batched. Threads: omp_get_max_threads() of the
+// caller, splitting C by rows or columns; the results do not depend on it.
+// Scratch: per thread, grown on first use to the largest blocks seen (at most
+// kMC x kKC + kKC x kNC floats), then reused.
+// REQUIRES: avx2_gemm_supported(); g valid (matmul.h), all types f32.
+void avx2_gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias);
+
+// The per-thread pack scratch avx2_gemm uses for g, in bytes.
+std::int64_t avx2_gemm_scratch_bytes(const Gemm& g);
+
+}  // namespace dtrain::nn::cpu
