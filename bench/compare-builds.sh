@@ -8,6 +8,9 @@
 #   REPEATS=5 STEPS=10 CONFIGS="lm-small" PRECISIONS="fp32 bf16" bench/compare-builds.sh old/dtrain-bench build/bin/dtrain-bench
 # SETTINGS adds config settings to every run (on a GPU: SETTINGS="device=cuda";
 # longer sequences: SETTINGS="model.max_seq_len=1024 data.seq_len=1024").
+# OLD_ENV and NEW_ENV add environment variables to one side's runs, so one
+# build can be compared with itself (oneDNN's sgemm against dtrain's AVX2 GEMM:
+# OLD_ENV="DTRAIN_CPU_GEMM=onednn" bench/compare-builds.sh build/bin/dtrain-bench build/bin/dtrain-bench).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,11 +22,14 @@ steps=${STEPS:-8}
 read -r -a configs <<<"${CONFIGS:-lm-small cls-seed}"
 read -r -a precisions <<<"${PRECISIONS:-fp32 bf16}"
 read -r -a settings <<<"${SETTINGS:-}"
+read -r -a old_env <<<"${OLD_ENV:-}"
+read -r -a new_env <<<"${NEW_ENV:-}"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 
 # tokens_per_s of one run.
 run() {
-  "$1" train --config "$repo/examples/configs/$2.json" --steps "$steps" --set "precision=$3" "${settings[@]}" |
+  local -n extra=$4
+  env "${extra[@]}" "$1" train --config "$repo/examples/configs/$2.json" --steps "$steps" --set "precision=$3" "${settings[@]}" |
     awk '$1 == "tokens_per_s:" { print $2 }'
 }
 
@@ -32,8 +38,8 @@ for config in "${configs[@]}"; do
   for precision in "${precisions[@]}"; do
     olds=() news=()
     for ((i = 0; i < repeats; i++)); do
-      olds+=("$(run "$old" "$config" "$precision")")
-      news+=("$(run "$new" "$config" "$precision")")
+      olds+=("$(run "$old" "$config" "$precision" old_env)")
+      news+=("$(run "$new" "$config" "$precision" new_env)")
       echo "$config $precision run $((i + 1)): old ${olds[-1]} tokens/s, new ${news[-1]} tokens/s"
     done
     o=$(printf '%s\n' "${olds[@]}" | median)
@@ -44,4 +50,4 @@ for config in "${configs[@]}"; do
 done
 echo "=== medians of $repeats interleaved runs, $steps timed steps each, one thread"
 printf '%s\n' "${summary[@]}"
-echo "command: REPEATS=$repeats STEPS=$steps CONFIGS=\"${configs[*]}\" PRECISIONS=\"${precisions[*]}\" $0 $old $new"
+echo "command: REPEATS=$repeats STEPS=$steps CONFIGS=\"${configs[*]}\" PRECISIONS=\"${precisions[*]}\" OLD_ENV=\"${old_env[*]}\" NEW_ENV=\"${new_env[*]}\" $0 $old $new"

@@ -4,8 +4,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
+#include <fmt/format.h>
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 
@@ -279,8 +282,19 @@ bool avx2_gemm_supported() {
   return supported;
 }
 
+bool avx2_gemm_preferred(const char* choice) {
+  const std::string_view c = choice != nullptr ? choice : "";
+  if (c == "onednn") return false;
+  if (!c.empty() && c != "auto") {
+    throw Error(fmt::format("DTRAIN_CPU_GEMM={}: use auto (the default: dtrain's AVX2 kernel where the CPU has AVX2 "
+                            "without AVX-512) or onednn (oneDNN's matmul for every product)",
+                            c));
+  }
+  return avx2_gemm_supported() && !__builtin_cpu_supports("avx512f");
+}
+
 bool avx2_gemm_preferred() {
-  static const bool preferred = avx2_gemm_supported() && !__builtin_cpu_supports("avx512f");
+  static const bool preferred = avx2_gemm_preferred(std::getenv("DTRAIN_CPU_GEMM"));
   return preferred;
 }
 

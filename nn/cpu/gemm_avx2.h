@@ -1,15 +1,17 @@
 // dtrain's own f32 product for CPUs with AVX2 and FMA but no AVX-512: the
 // machines on which oneDNN 2.6 has no brgemm matmul and runs its JIT sgemm
-// ("gemm:jit"). Measured against that sgemm on an AVX2 AMD EPYC (Zen 3), one
-// thread, at every product of an lm-small step (bench/gemm-shapes: `dtrain-bench
-// gemm`), this kernel is faster at all of them; see docs/ARCHITECTURE.md.
+// ("gemm:jit"). On an AVX2 AMD EPYC (Zen 3), one thread, it ran lm-small's
+// linear products 4-10% faster in all than that sgemm, and whole training
+// steps 1.6-3.9% faster (docs/ARCHITECTURE.md, "CPUs with AVX2 alone", with
+// the commands that measure it). gemm() (matmul.h) decides where it runs.
 //
 // The method is the classic one of BLIS and OpenBLAS for AVX2: op(B) is packed
 // in blocks of kKC rows into panels of 16 columns, op(A) in blocks of kMC rows
-// into panels of 6 rows, and a 6 x 16 register tile (12 accumulators) runs
-// over each pair of panels, one broadcast of A and two loads of B per 12 FMAs.
-// Every element of C sums its products over k in the same order whatever the
-// thread count: threads split C, never k.
+// into panels of 6 rows (or read as stored where B is narrow), and a 6 x 16
+// register tile (12 accumulators) runs over each pair of panels, one broadcast
+// of A and two loads of B per two FMAs. Every element of C sums its products
+// over k in the same order whatever the thread count and however the product
+// is split: threads split C, never k.
 #pragma once
 
 #include "nn/cpu/matmul.h"
@@ -20,8 +22,13 @@ namespace dtrain::nn::cpu {
 bool avx2_gemm_supported();
 
 // True when gemm() runs f32 products through avx2_gemm on this CPU: it has
-// AVX2 and FMA and no AVX-512 (where oneDNN's brgemm kernels run instead).
+// AVX2 and FMA and no AVX-512 (where oneDNN's brgemm kernels run instead),
+// and the environment's DTRAIN_CPU_GEMM (read once) is unset or "auto";
+// "onednn" runs every product on oneDNN (to compare, or to rule the kernel
+// out). Throws dtrain::Error naming the variable on any other value.
 bool avx2_gemm_preferred();
+// The same for a given DTRAIN_CPU_GEMM value (null: unset).
+bool avx2_gemm_preferred(const char* choice);
 
 // gemm()'s contract (matmul.h) for f32 operands: C = alpha * op(A) op(B)
 // (+ bias) (+ C if accumulate), batched. Threads: omp_get_max_threads() of the

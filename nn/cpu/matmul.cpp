@@ -296,15 +296,19 @@ bool bf16_kernels() {
 
 // Products that gemm() runs through dtrain's own kernel (nn/cpu/gemm_avx2.h)
 // rather than oneDNN: on CPUs with AVX2 alone (avx2_gemm_preferred), f32 or
-// widened, whose op(A) has kAvx2MinA elements or more. oneDNN's sgemm stays
-// faster on attention's tiles (op(A) of 64 x 64 to 128 x 64 at T = 128), where
-// packing costs more than it saves. A rule on m and k alone: a product split
-// by columns (a head's share of a projection) runs where the whole one does,
-// so each head's numbers are the whole product's bit for bit.
-constexpr std::int64_t kAvx2MinA = std::int64_t{1} << 14;
+// widened, one item, m and k both kAvx2MinSide or more: every linear layer's
+// product at training sizes. Attention's tiles (64 query rows: m or k is 64)
+// and batched products stay on oneDNN's sgemm, which ran them 10-45% faster
+// (the same EPYC, Matmul.DISABLED_ReportTrainingShapeGflops). A rule on m and
+// k alone: a product split by columns (a head's share of a projection) runs
+// where the whole one does, so each head's numbers are the whole product's
+// bit for bit.
+constexpr std::int64_t kAvx2MinSide = 128;
 constexpr const char* kAvx2Impl = "dtrain:avx2_gemm";
 
-bool runs_avx2(const Gemm& g) { return avx2_gemm_preferred() && g.m * g.k >= kAvx2MinA; }
+bool runs_avx2(const Gemm& g) {
+  return avx2_gemm_preferred() && g.batch == 1 && g.m >= kAvx2MinSide && g.k >= kAvx2MinSide;
+}
 
 std::unique_ptr<Entry> create_entry(const Key& key) {
   const Gemm& g = key.g;

@@ -1,8 +1,8 @@
 // Every matrix multiply of dtrain's CPU training loop: one call on oneDNN's
 // matmul primitive (JIT, AVX-512 where the CPU has it), or, on CPUs with AVX2
-// alone, for products with an op(A) of 2^14 elements or more, on dtrain's own
-// AVX2 kernel (nn/cpu/gemm_avx2.h), which runs them faster than oneDNN's
-// sgemm there. No GEMM loops elsewhere.
+// alone, for the linear layers' products (one item, m and k of 128 or more),
+// on dtrain's own AVX2 kernel (nn/cpu/gemm_avx2.h), which runs them faster
+// than oneDNN's sgemm there. No GEMM loops elsewhere.
 //
 // Threading: callable from any number of threads at once. Each thread owns its
 // own cache of primitives, memory objects and stream (oneDNN's default

@@ -398,15 +398,17 @@ TEST(Avx2Gemm, ResultsDoNotDependOnThreadsOrOnHowTheProductIsSplit) {
   }
 }
 
-// gemm() runs f32 products whose op(A) has 2^14 elements or more through the
-// own kernel where it is preferred (AVX2 without AVX-512), bit for bit its
-// result; the rest, and every product elsewhere, through oneDNN.
+// gemm() runs single f32 products with m and k of 128 or more through the own
+// kernel where it is preferred (AVX2 without AVX-512), bit for bit its
+// result; the rest (attention's tiles of 64 rows, batches), and every product
+// elsewhere, through oneDNN.
 TEST(Avx2Gemm, GemmRunsItExactlyWherePreferred) {
   unsigned seed = 700;
-  for (const Gemm& g : {Gemm{.m = 128, .n = 64, .k = 128}, Gemm{.m = 64, .n = 1024, .k = 64, .trans_b = true},
+  for (const Gemm& g : {Gemm{.m = 128, .n = 16, .k = 128}, Gemm{.m = 300, .n = 70, .k = 200, .trans_b = true},
+                        Gemm{.m = 64, .n = 1024, .k = 256, .trans_b = true},
                         Gemm{.m = 256, .n = 48, .k = 64, .trans_a = true, .accumulate = true},
-                        Gemm{.m = 127, .n = 64, .k = 129}}) {
-    const bool own = avx2_gemm_preferred() && g.m * g.k >= (1 << 14);
+                        Gemm{.m = 128, .n = 64, .k = 128, .batch = 2}, Gemm{.m = 127, .n = 64, .k = 129}}) {
+    const bool own = avx2_gemm_preferred() && g.batch == 1 && g.m >= 128 && g.k >= 128;
     EXPECT_EQ(gemm_impl_info(g, false) == "dtrain:avx2_gemm", own) << gemm_string(g);
     Gemm wide = g;
     wide.a_type = wide.b_type = wide.c_type = DType::bf16;
@@ -420,6 +422,22 @@ TEST(Avx2Gemm, GemmRunsItExactlyWherePreferred) {
     gemm(g, o.a.data(), o.b.data(), c.data());
     avx2_gemm(g, o.a.data(), o.b.data(), c_own.data(), nullptr);
     EXPECT_EQ(c, c_own) << gemm_string(g);
+  }
+}
+
+// DTRAIN_CPU_GEMM: unset or "auto" leaves the choice to the CPU, "onednn"
+// turns the own kernel off; anything else is an error naming the variable.
+TEST(Avx2Gemm, EnvironmentChoosesOrRulesOutTheKernel) {
+  const bool cpu = avx2_gemm_supported() && !__builtin_cpu_supports("avx512f");
+  EXPECT_EQ(avx2_gemm_preferred(nullptr), cpu);
+  EXPECT_EQ(avx2_gemm_preferred("auto"), cpu);
+  EXPECT_FALSE(avx2_gemm_preferred("onednn"));
+  try {
+    avx2_gemm_preferred("mkl");
+    ADD_FAILURE() << "DTRAIN_CPU_GEMM=mkl was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_CPU_GEMM=mkl"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("onednn"), std::string::npos) << e.what();
   }
 }
 
@@ -551,6 +569,14 @@ std::vector<NamedGemm> training_shapes() {
     Gemm dw;  // dW[out,in] += dY^T X
     dw.m = outf, dw.n = in, dw.k = rows, dw.trans_a = true, dw.accumulate = true;
     out.push_back({fmt::format("dW   {}x{}x{} (dY^T X, acc)", outf, in, rows), dw, false});
+  }
+  for (const std::int64_t d : {256, 512}) {  // one head's share (hd = 64) of the qkv and output projections
+    Gemm head;  // Q_h[rows,64] = X[rows,d] W_h[64,d]^T + b_h (attention_project)
+    head.m = rows, head.n = 64, head.k = d, head.trans_b = true;
+    out.push_back({fmt::format("fwd  {}x64x{} (a head's q, k or v)", rows, d), head, true});
+    Gemm d_o;  // dO_h[rows,64] = dY[rows,d] W[:, h]  (attention_output_grad)
+    d_o.m = rows, d_o.n = 64, d_o.k = d, d_o.ldb = d;
+    out.push_back({fmt::format("dX   {}x64x{} (a head's dO)", rows, d), d_o, false});
   }
   const std::int64_t attn[][2] = {{64, 128}, {256, 64}};  // {B*H, T}, hd = 64
   for (const auto& at : attn) {
