@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include <fmt/format.h>
+
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 
@@ -22,10 +23,10 @@ namespace {
 constexpr std::int64_t kMR = 6;    // rows of the register tile
 constexpr std::int64_t kNR = 16;   // columns of the register tile: two ymm
 constexpr std::int64_t kKC = 256;  // k per packed block: a B panel (16 KiB) stays in L1
-constexpr std::int64_t kMC = 96;   // rows of A per packed block (144 KiB): in L2
+constexpr std::int64_t kMC = 96;   // rows of A per packed block (96 KiB): in L2
 constexpr std::int64_t kNC = 1024; // columns of B per packed block (1 MiB)
 
-constexpr std::int64_t kDirectMaxN = 256;
+constexpr std::int64_t kDirectMaxN = 256;  // n up to which A (not transposed) is read as stored: block_product
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
@@ -43,7 +44,8 @@ struct Scratch {
 };
 
 float* grown(AlignedBuffer<float>& buf, std::int64_t floats) {
-  if (buf.size() < static_cast<std::size_t>(floats + 8)) buf = AlignedBuffer<float>(static_cast<std::size_t>(floats + 8));
+  const auto size = static_cast<std::size_t>(floats + 8);
+  if (buf.size() < size) buf = AlignedBuffer<float>(size);
   return buf.data();
 }
 
@@ -312,9 +314,10 @@ void avx2_gemm(const Gemm& g, const float* a, const float* b, float* c, const fl
   const std::int64_t row_tiles = (g.m + kMR - 1) / kMR, col_tiles = (g.n + kNR - 1) / kNR;
   const bool by_rows = row_tiles >= col_tiles;
   const std::int64_t tiles = by_rows ? row_tiles : col_tiles;
+  // At least 4 MFLOP each (2^22): a thread's team costs more than less saves.
   const std::int64_t flops = 2 * g.m * g.n * g.k;
-  const int threads = static_cast<int>(std::min<std::int64_t>(
-      {static_cast<std::int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads()), tiles, std::max<std::int64_t>(1, flops >> 22)}));
+  const std::int64_t team = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int threads = static_cast<int>(std::min<std::int64_t>({team, tiles, std::max<std::int64_t>(1, flops >> 22)}));
   for (std::int64_t item = 0; item < g.batch; ++item) {
     const View va{a + item * stride_a, lda, g.trans_a};
     const View vb{b + item * stride_b, ldb, g.trans_b};
