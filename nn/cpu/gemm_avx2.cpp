@@ -302,12 +302,7 @@ bool avx2_gemm_preferred() {
 
 void avx2_gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias) {
   DTRAIN_CHECK(avx2_gemm_supported(), "avx2_gemm {} on a CPU without AVX2 and FMA", gemm_string(g));
-  const std::int64_t lda = g.lda != 0 ? g.lda : (g.trans_a ? g.m : g.k);
-  const std::int64_t ldb = g.ldb != 0 ? g.ldb : (g.trans_b ? g.k : g.n);
-  const std::int64_t ldc = g.ldc != 0 ? g.ldc : g.n;
-  const std::int64_t stride_a = g.stride_a != 0 ? g.stride_a : lda * (g.trans_a ? g.k : g.m);
-  const std::int64_t stride_b = g.stride_b != 0 ? g.stride_b : ldb * (g.trans_b ? g.n : g.k);
-  const std::int64_t stride_c = g.stride_c != 0 ? g.stride_c : ldc * g.m;
+  const Stored sa = stored_a(g), sb = stored_b(g), sc = stored_c(g);
 
   // Threads split C into bands of whole tiles, along whichever side has more
   // of them; one band each. Never along k: the sums do not depend on the split.
@@ -319,16 +314,16 @@ void avx2_gemm(const Gemm& g, const float* a, const float* b, float* c, const fl
   const std::int64_t team = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int threads = static_cast<int>(std::min<std::int64_t>({team, tiles, std::max<std::int64_t>(1, flops >> 22)}));
   for (std::int64_t item = 0; item < g.batch; ++item) {
-    const View va{a + item * stride_a, lda, g.trans_a};
-    const View vb{b + item * stride_b, ldb, g.trans_b};
-    float* ci = c + item * stride_c;
+    const View va{a + item * sa.stride, sa.ld, g.trans_a};
+    const View vb{b + item * sb.stride, sb.ld, g.trans_b};
+    float* ci = c + item * sc.stride;
 #pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
     for (int t = 0; t < threads; ++t) {
       const std::int64_t first = tiles * t / threads, last = tiles * (t + 1) / threads;
       if (by_rows) {
-        block_product(g, va, vb, ci, ldc, bias, first * kMR, std::min(g.m, last * kMR), 0, g.n);
+        block_product(g, va, vb, ci, sc.ld, bias, first * kMR, std::min(g.m, last * kMR), 0, g.n);
       } else {
-        block_product(g, va, vb, ci, ldc, bias, 0, g.m, first * kNR, std::min(g.n, last * kNR));
+        block_product(g, va, vb, ci, sc.ld, bias, 0, g.m, first * kNR, std::min(g.n, last * kNR));
       }
     }
   }

@@ -218,13 +218,8 @@ ThreadCache& thread_cache() {
 
 // A stored matrix of `rows` x `cols` elements with leading dimension ld, read
 // as logical [outer, inner] (transposed when `trans`).
-struct Operand {
-  std::int64_t rows, cols, ld, stride;
-};
-
-Operand operand(std::int64_t outer, std::int64_t inner, bool trans, std::int64_t ld,
-                std::int64_t stride) {
-  Operand o{trans ? inner : outer, trans ? outer : inner, ld, stride};
+Stored stored(std::int64_t outer, std::int64_t inner, bool trans, std::int64_t ld, std::int64_t stride) {
+  Stored o{trans ? inner : outer, trans ? outer : inner, ld, stride};
   if (o.ld == 0) o.ld = o.cols;
   if (o.stride == 0) o.stride = o.rows * o.ld;
   return o;
@@ -232,7 +227,7 @@ Operand operand(std::int64_t outer, std::int64_t inner, bool trans, std::int64_t
 
 // The oneDNN view of a logical [outer, inner] matrix (batched: [batch, outer, inner]).
 // Elements from an operand's first addressed element to its last, inclusive.
-std::int64_t extent(const Operand& o, std::int64_t batch) {
+std::int64_t extent(const Stored& o, std::int64_t batch) {
   return (batch - 1) * o.stride + (o.rows - 1) * o.ld + o.cols;
 }
 
@@ -244,7 +239,7 @@ dnnl::memory::data_type dnnl_type(DType t) {
   }
 }
 
-dnnl::memory::desc describe(const Operand& o, bool trans, std::int64_t batch,
+dnnl::memory::desc describe(const Stored& o, bool trans, std::int64_t batch,
                             dnnl::memory::data_type dt) {
   const std::int64_t outer = trans ? o.cols : o.rows;
   const std::int64_t inner = trans ? o.rows : o.cols;
@@ -298,8 +293,9 @@ bool bf16_kernels() {
 // rather than oneDNN: on CPUs with AVX2 alone (avx2_gemm_preferred), f32 or
 // widened, one item, m and k both kAvx2MinSide or more: every linear layer's
 // product at training sizes. Attention's tiles (64 query rows: m or k is 64)
-// and batched products stay on oneDNN's sgemm, which ran them 10-45% faster
-// (the same EPYC, Matmul.DISABLED_ReportTrainingShapeGflops). A rule on m and
+// and batched products stay on oneDNN's sgemm, which ran them faster (the
+// same EPYC: tiles 1.0-1.5x, batched T = 128 products 1.3-1.9x the own
+// kernel's speed; Matmul.DISABLED_ReportTrainingShapeGflops). A rule on m and
 // k alone: a product split by columns (a head's share of a projection) runs
 // where the whole one does, so each head's numbers are the whole product's
 // bit for bit.
@@ -313,9 +309,7 @@ bool runs_avx2(const Gemm& g) {
 std::unique_ptr<Entry> create_entry(const Key& key) {
   const Gemm& g = key.g;
   validate(g, key.bias);
-  const Operand oa = operand(g.m, g.k, g.trans_a, g.lda, g.stride_a);
-  const Operand ob = operand(g.k, g.n, g.trans_b, g.ldb, g.stride_b);
-  const Operand oc = operand(g.m, g.n, false, g.ldc, g.stride_c);
+  const Stored oa = stored_a(g), ob = stored_b(g), oc = stored_c(g);
   // Widened operands run the f32 primitive (see matmul.h).
   const bool widen = gemm_widens(g);
   if (runs_avx2(g) && (widen || g.a_type == DType::f32)) {
@@ -609,6 +603,10 @@ double flops(const Gemm& g) {
 }
 
 }  // namespace
+
+Stored stored_a(const Gemm& g) { return stored(g.m, g.k, g.trans_a, g.lda, g.stride_a); }
+Stored stored_b(const Gemm& g) { return stored(g.k, g.n, g.trans_b, g.ldb, g.stride_b); }
+Stored stored_c(const Gemm& g) { return stored(g.m, g.n, false, g.ldc, g.stride_c); }
 
 void gemm(const Gemm& g, const float* a, const float* b, float* c, const float* bias) {
   const KernelTimer timer(KernelKind::gemm, flops(g));

@@ -57,6 +57,15 @@ struct Gemm {
   bool operator==(const Gemm&) const = default;
 };
 
+// How g stores A, B or C: rows x cols elements, rows ld apart, items stride
+// apart, with the dense defaults (0 in Gemm) filled in.
+struct Stored {
+  std::int64_t rows, cols, ld, stride;
+};
+Stored stored_a(const Gemm& g);
+Stored stored_b(const Gemm& g);
+Stored stored_c(const Gemm& g);
+
 // Runs g. a, b, c (and bias, if not null) must hold the elements g addresses;
 // where oneDNN's sgemm runs g (CPUs with AVX2 alone) and would read A or B
 // down columns whose rows are a multiple of 1 KiB apart, through a copy with
