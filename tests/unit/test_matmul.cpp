@@ -6,6 +6,7 @@
 #include "nn/cpu/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -14,8 +15,11 @@
 #include <new>
 #include <omp.h>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <sys/mman.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <dnnl.hpp>
@@ -368,6 +372,51 @@ TEST(Avx2Gemm, BatchedWithStridesMatchReference) {
     g.stride_b = g.k * g.n + 32;
     g.stride_c = g.m * g.ldc + 8;
     run_and_check(g, flags & 8, seed++, avx2_gemm);
+  }
+}
+
+// `floats` floats that end where an unreadable page begins: a read past
+// them faults.
+class EndsAtGuardPage {
+ public:
+  explicit EndsAtGuardPage(std::size_t floats) {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    data_pages_ = (floats * sizeof(float) + page - 1) / page * page;
+    bytes_ = data_pages_ + page;
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    base_ = static_cast<char*>(p);
+    if (mprotect(base_ + data_pages_, page, PROT_NONE) != 0) throw std::runtime_error("mprotect");
+    floats_ = reinterpret_cast<float*>(base_ + data_pages_) - floats;
+  }
+  ~EndsAtGuardPage() { munmap(base_, bytes_); }
+  EndsAtGuardPage(const EndsAtGuardPage&) = delete;
+  EndsAtGuardPage& operator=(const EndsAtGuardPage&) = delete;
+  float* data() { return floats_; }
+
+ private:
+  char* base_ = nullptr;
+  float* floats_ = nullptr;
+  std::size_t bytes_ = 0, data_pages_ = 0;
+};
+
+// The packs read whole vectors where they can and masked ones at the edges:
+// with A and B each ending where an unreadable page begins, every transpose
+// and edge runs without a fault and gives the reference's results.
+TEST(Avx2Gemm, ReadsNothingPastItsOperands) {
+  if (refuses_without_avx2()) return;
+  unsigned seed = 900;
+  for (const auto& s : {std::array<std::int64_t, 3>{7, 13, 9}, {97, 21, 259}, {130, 1029, 20}, {6, 16, 1}}) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const Gemm g{.m = s[0], .n = s[1], .k = s[2], .trans_a = (flags & 1) != 0, .trans_b = (flags & 2) != 0};
+      const Operands o = make_operands(g, seed++);
+      EndsAtGuardPage a(o.a.size()), b(o.b.size());
+      std::copy(o.a.begin(), o.a.end(), a.data());
+      std::copy(o.b.begin(), o.b.end(), b.data());
+      std::vector<float> c = o.c;
+      avx2_gemm(g, a.data(), b.data(), c.data(), nullptr);
+      expect_matches_reference(g, o, c, false);
+    }
   }
 }
 
