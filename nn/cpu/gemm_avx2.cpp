@@ -26,7 +26,15 @@ constexpr std::int64_t kKC = 256;  // k per packed block: a B panel (16 KiB) sta
 constexpr std::int64_t kMC = 96;   // rows of A per packed block (96 KiB): in L2
 constexpr std::int64_t kNC = 1024; // columns of B per packed block (1 MiB)
 
-constexpr std::int64_t kDirectMaxN = 256;  // n up to which A (not transposed) is read as stored: block_product
+// Whether block_product reads A (not transposed) as stored rather than
+// packed, for n columns and depth k: up to 128 columns always; up to 256 when
+// k fits one block. Measured one thread, in one process, interleaved (the
+// results are the same bits either way): packed, a head's projection and dO
+// (n = 64) ran 0.91-0.98x at k = 512 (12% slower at k = 256), n = 128 0.97x
+// at k = 512, lm-small's proj (n = 256, k = 256) 0.99-1.00x; but fc2's
+// forward and fc1's input gradient (n = 256, k = 1024) 1.02-1.06x and qkv's
+// input gradient (k = 768) 1.01-1.04x.
+constexpr bool reads_a_as_stored(std::int64_t n, std::int64_t k) { return n <= 128 || (n <= 256 && k <= kKC); }
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
@@ -263,14 +271,14 @@ DTRAIN_AVX2 void tiles(std::int64_t mc, std::int64_t nc, std::int64_t kc, RowsOf
 }
 
 // C rows [i0, i1) x columns [j0, j1) of one item, k in blocks of kKC. A as
-// stored (not transposed) feeds the tiles directly when B is narrow (n <=
-// kDirectMaxN): packing it would cost more than its reuse over so few
-// columns saves (a head's projection, n = 64: 12% slower packed).
+// stored (not transposed) feeds the tiles directly when B is narrow
+// (reads_a_as_stored): packing it would cost more than its reuse over so few
+// columns saves.
 DTRAIN_AVX2 void block_product(const Gemm& g, const View& a, const View& b, float* c, std::int64_t ldc,
                                const float* bias, std::int64_t i0, std::int64_t i1, std::int64_t j0,
                                std::int64_t j1) {
   Scratch& s = scratch();
-  const bool direct = !a.trans && g.n <= kDirectMaxN;
+  const bool direct = !a.trans && reads_a_as_stored(g.n, g.k);
   for (std::int64_t jc = j0; jc < j1; jc += kNC) {
     const std::int64_t nc = std::min(kNC, j1 - jc);
     for (std::int64_t pc = 0; pc < g.k; pc += kKC) {
