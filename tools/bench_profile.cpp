@@ -82,6 +82,15 @@ void print_profile(const nn::cpu::KernelProfile& profile, const ProfileReport& r
                        rate_fields(row, r.gemm_peak_gflops));
   }
   out << fmt::format("profile: other ms_per_step={:.4f} share={:.4f}\n", other_ms, other_share);
+  if (r.model_flops > 0.0 && r.gemm_peak_gflops > 0.0) {
+    const KernelTotals& gemm = profile[KernelKind::gemm];
+    const double gemm_ms = 1e3 * gemm.seconds / r.steps, gemm_flops = gemm.work / r.steps;
+    const double ceiling_ms = 1e3 * gemm_flops / (r.gemm_peak_gflops * 1e9) + (step_ms - gemm_ms);
+    const double mfu = 1e3 * r.model_flops / ceiling_ms / (r.gemm_peak_gflops * 1e9);
+    out << fmt::format("{:<24} {:>10.3f} {:>7} (every GEMM at the peak, the rest as measured: MFU {:.3f})\n",
+                       "step at the GEMM peak", ceiling_ms, "", mfu);
+    out << fmt::format("profile: ceiling step_ms={:.4f} mfu={:.4f}\n", ceiling_ms, mfu);
+  }
 }
 
 }  // namespace dtrain::tools

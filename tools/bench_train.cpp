@@ -263,7 +263,11 @@ int run_train_bench(const TrainBenchOptions& options) {
     print_parallel_lines(trainer, world, t, r.tokens_per_s / ranks);
   }
   if (options.profile) {
-    print_profile(profile, {.steps = options.steps, .step_seconds = t.own_seconds, .gemm_peak_gflops = peak},
+    print_profile(profile,
+                  {.steps = options.steps,
+                   .step_seconds = t.own_seconds,
+                   .gemm_peak_gflops = peak,
+                   .model_flops = flops_per_token * tokens / ranks},
                   std::cout);
   }
   std::cout << "command: " << reproduce_command(options, world) << "\n" << std::flush;

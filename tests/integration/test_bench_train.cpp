@@ -73,12 +73,39 @@ void expect_structure_calls(std::map<std::string, std::map<std::string, double>>
 void expect_shares_add_up(std::map<std::string, std::map<std::string, double>>& rows) {
   double kernels = 0.0;
   for (auto& [kind, fields] : rows) {
-    if (kind == "other") continue;
+    if (kind == "other" || kind == "ceiling") continue;
     EXPECT_GE(fields["share"], 0.0) << kind;
     kernels += fields["share"];
   }
   EXPECT_LE(kernels, 1.0 + 1e-3) << "kernels cannot take more than the step";
   EXPECT_NEAR(kernels + rows["other"]["share"], 1.0, 1e-3) << "other is the step less the kernels";
+}
+
+// The value of a `name: value` line of the output.
+double figure(const std::string& output, const std::string& name) {
+  const auto at = output.find("\n" + name + ": ");
+  EXPECT_NE(at, std::string::npos) << name << " missing from:\n" << output;
+  return at == std::string::npos ? 0.0 : std::stod(output.substr(at + name.size() + 3));
+}
+
+// The ceiling line against the figures printed beside it: every GEMM's FLOPs
+// at the GEMM peak plus the rest of the step as measured, and the model's
+// FLOPs of one step (bench(): 2 x 16 tokens) over that time and the peak.
+void expect_ceiling(std::map<std::string, std::map<std::string, double>>& rows, const std::string& output) {
+  ASSERT_TRUE(rows.count("ceiling")) << output;
+  double step_ms = rows["other"]["ms_per_step"];
+  for (auto& [kind, fields] : rows) {
+    if (kind != "other" && kind != "ceiling") step_ms += fields["ms_per_step"];
+  }
+  const double peak = figure(output, "gemm_peak_gflops") * 1e9;
+  const double gemm_ms = rows["gemm"]["ms_per_step"];
+  const double gemm_flops = rows["gemm"]["gflops"] * 1e9 * gemm_ms / 1e3;
+  const double ceiling_ms = 1e3 * gemm_flops / peak + (step_ms - gemm_ms);
+  EXPECT_NEAR(rows["ceiling"]["step_ms"], ceiling_ms, 0.01 * ceiling_ms);
+  EXPECT_LT(rows["ceiling"]["step_ms"], step_ms) << "a tiny model's GEMMs run below the 2048^3 peak";
+  const double mfu = figure(output, "flops_per_token") * 32 / (ceiling_ms / 1e3) / peak;
+  EXPECT_NEAR(rows["ceiling"]["mfu"], mfu, 0.01 * mfu);
+  EXPECT_GT(rows["ceiling"]["mfu"], figure(output, "mfu")) << "the ceiling is above the step as run";
 }
 
 TEST(BenchTrain, PrintsThroughputWithoutAProfileByDefault) {
@@ -107,6 +134,7 @@ TEST(BenchTrain, ProfileCountsEveryKernelOfTheLanguageModel) {
     EXPECT_TRUE(rows["layernorm_forward"].count("gbps")) << "the rest report GB/s";
     EXPECT_FALSE(rows.count("mean_pool_forward")) << "an lm pools nothing";
     expect_shares_add_up(rows);
+    expect_ceiling(rows, r.output);
     EXPECT_THAT(r.output, HasSubstr("other (not in a kernel)"));
     EXPECT_THAT(r.output, HasSubstr("--profile")) << "the printed command reproduces the run";
   }
