@@ -239,10 +239,15 @@ int run_train_bench(const TrainBenchOptions& options) {
                             "e.g. nsys)", trainer.device().name()));
   }
   const GpuPeak gpu = cuda ? gpu_peak(config, options) : GpuPeak{};
-  const double peak = cuda ? gpu.gflops : nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds);
+  // The CPU's peak: the better of a measurement before the steps and one
+  // after (every rank measures both, as it trains), so that one disturbed
+  // second cannot lower it and lift MFU.
+  const auto cpu_peak = [&] { return nn::cpu::measure_gemm_peak_gflops(2048, options.peak_seconds); };
+  double peak = cuda ? gpu.gflops : cpu_peak();
 
   nn::cpu::KernelProfile profile;
   Timing t = time_steps(trainer, options, options.profile ? &profile : nullptr);
+  if (!cuda) peak = std::max(peak, cpu_peak());
   take_slowest(t.seconds, world.comm.get());
   if (world.env.rank != 0) return 0;
   const int ranks = world.env.world_size;

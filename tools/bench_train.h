@@ -18,7 +18,7 @@ struct TrainBenchOptions {
   std::vector<std::string> overrides;
   int steps = 20;
   int warmup = 3;
-  double peak_seconds = 1.0;  // time spent measuring the GEMM peak
+  double peak_seconds = 1.0;  // time spent measuring the GEMM peak, before the steps and again after
   // device cuda: the GPU's peak FLOP/s that MFU divides by (0: H100/H200's
   // dense figure for the precision, 989e12 for bf16/fp16 and 67e12 for fp32).
   double peak_flops = 0.0;
