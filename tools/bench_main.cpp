@@ -26,7 +26,8 @@ CLI::App* add_train_command(CLI::App& app, dtrain::tools::TrainBenchOptions& tra
   cmd->add_option("--config", train.config_path, "training config (JSON)")->required();
   cmd->add_option("--steps", train.steps, "timed steps")->check(dtrain::at_least(1));
   cmd->add_option("--warmup", train.warmup, "untimed steps first");
-  cmd->add_option("--peak-seconds", train.peak_seconds, "time spent measuring the GEMM peak, before the steps and again after (the better counts)")
+  cmd->add_option("--peak-seconds", train.peak_seconds,
+                  "time spent measuring the GEMM peak, before the steps and again after (the better counts)")
       ->check(dtrain::more_than(0));
   cmd->add_option("--peak-flops", train.peak_flops,
                   "device cuda: the GPU's peak FLOP/s for MFU (default: H100/H200 dense, 989e12 bf16/fp16, 67e12 fp32)");
