@@ -422,7 +422,8 @@ TEST(Avx2Gemm, ReadsNothingPastItsOperands) {
 
 // Each element of C sums the same products in the same order however the
 // product is split: over threads, by columns (a head's share of a projection:
-// n <= 256 reads A as stored, the whole packs it) or by rows.
+// 64 columns read A as stored, the whole 520 pack it; reads_a_as_stored) or
+// by rows.
 TEST(Avx2Gemm, ResultsDoNotDependOnThreadsOrOnHowTheProductIsSplit) {
   if (refuses_without_avx2()) return;
   for (bool trans_b : {false, true}) {
