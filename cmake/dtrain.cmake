@@ -12,9 +12,7 @@ function(dtrain_target_defaults target)
     # as a branch, and the loops around them scalar: GELU's forward with its
     # derivative, softmax, cross-entropy, dropout. Values are unchanged.
     $<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math>)
-  if(DTRAIN_NATIVE)
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
-  endif()
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-march=${DTRAIN_CPU_MARCH}>)
   if(DTRAIN_SANITIZE)
     target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)

@@ -22,9 +22,10 @@
 // backward counterpart attention_output_grad (likewise);
 // attention_scratch(pairs, seq, head_dim): what of the attention scratch
 // (AttentionScratch, nn/attention.h) the graph allocates for its attention;
-// and row_stride(cols): the row stride of the d_ff-wide activations (h, a,
-// d_h), cols where the kernels read them best dense (the CPU pads them where
-// oneDNN's sgemm would otherwise copy them for the weight gradients).
+// and row_stride(cols, other): the row stride of the d_ff-wide activations
+// (h, a, d_h; cols = d_ff, multiplied with d_model-wide ones: other), cols
+// where the kernels read them best dense (the CPU pads them where oneDNN's
+// sgemm would otherwise copy them for the weight gradients).
 //
 // The definitions are in graph_forward.h and graph_backward.h; a device's
 // model file includes them and instantiates Graph for its kernel sets.

@@ -22,7 +22,7 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
       acts_(device, config, batch, seq_len,
             K::attention_scratch(batch * config.n_heads, seq_len,
                                  config.n_heads > 0 ? config.d_model / config.n_heads : 0),
-            K::row_stride(config.d_ff)),
+            K::row_stride(config.d_ff, config.d_model)),
       inputs_(device, config.input == ModelConfig::Input::tokens ? static_cast<std::size_t>(batch * seq_len) : 0,
               config.input == ModelConfig::Input::patches
                   ? static_cast<std::size_t>(batch * seq_len * config.patch_dim)

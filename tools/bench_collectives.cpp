@@ -11,6 +11,7 @@
 
 #include "cluster/environment.h"
 #include "comm/connect.h"
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/process.h"
 #include "nn/cuda_device.h"
@@ -221,6 +222,7 @@ void print_header(const CollectiveBenchOptions& o, const cluster::Environment& e
   std::cout << fmt::format("# dtrain-bench {}: backend {}, world size {} ({}), dtype {}, op {}{}\n",
                            o.collective, comm.backend_name(), comm.world_size(),
                            cluster::starter_name(env.starter), o.dtype, o.op, root);
+  std::cout << fmt::format("# cpu: {}\n", cpu_model_name());
   std::cout << fmt::format("# {} timed operations per size after {} warm-up, each waited for; "
                            "time is the slowest rank's mean\n#\n",
                            o.iters, o.warmup);

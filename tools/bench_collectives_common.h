@@ -84,7 +84,7 @@ inline std::string format_row(const BenchRow& row) {
                      row.busbw, row.wrong);
 }
 
-// The `name: value` lines after the table (docs/ARCHITECTURE.md, "Outputs").
+// The `name: value` lines after the table (docs/performance.md, "How the figures are measured").
 class BenchSummary {
  public:
   void add(const BenchRow& row) {

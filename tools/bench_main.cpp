@@ -1,4 +1,4 @@
-// dtrain-bench: benchmarks whose figures can be compared (docs/ARCHITECTURE.md, "Command lines").
+// dtrain-bench: benchmarks whose figures can be compared (docs/performance.md, "How the figures are measured").
 //   dtrain-bench train --config FILE [--steps N] [--warmup W] [--peak-seconds S] [--peak-flops F] [--profile]
 //       [--set a.b=v ...]
 //       (multi-rank under mpirun, srun or dtrain-launch: ZeRO stage parallel.zero_stage)

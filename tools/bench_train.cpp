@@ -13,9 +13,11 @@
 
 #include "cluster/environment.h"
 #include "comm/connect.h"
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/process.h"
 #include "nn/cpu/host_device.h"
+#include "nn/cpu/isa.h"
 #include "nn/cpu/kernel_profile.h"
 #include "nn/cpu/matmul.h"
 #include "tools/bench_profile.h"
@@ -202,6 +204,7 @@ void print_throughput(const TrainBenchOptions& o, const config::Config& config,
       flops_per_token / 1e6, config.train().micro_batch_size(), trainer.seq_len(),
       trainer.on_device() ? fmt::format("device cuda, {}", config.precision())
                           : fmt::format("{} thread(s)", omp_get_max_threads()));
+  std::cout << fmt::format("cpu: {}\n", nn::cpu::cpu_summary());
   if (r.ranks > 1) {
     std::cout << fmt::format("{} ranks ({}), backend {}, ZeRO stage {}; tokens count all "
                              "ranks, mfu is per rank\n",
@@ -262,6 +265,9 @@ int run_train_bench(const TrainBenchOptions& options) {
                            static_cast<double>(t.faults) / options.steps);
   std::cout << fmt::format("peak_rss_mb: {:.1f}\n", peak_rss_mb());
   std::cout << fmt::format("threads: {}\n", omp_get_max_threads());
+  std::cout << fmt::format("cpu_model: {}\n", cpu_model_name());
+  std::cout << fmt::format("cpu_isa: {}\n", nn::cpu::cpu_isa_name());
+  if (!cuda) std::cout << fmt::format("gemm_kernel: {}\n", nn::cpu::gemm_kernel_name());
   if (cuda) {
     print_device_lines(trainer, world, gpu);
   } else {

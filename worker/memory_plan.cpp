@@ -117,7 +117,7 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   // activations' rows are as the graph lays them out (row_stride: nn/graph.h).
   if (!plan.on_device) {
     const std::int64_t n = c.train().micro_batch_size() * seq_len, d = model.d_model, ff = model.d_ff;
-    const std::int64_t ffs = nn::cpu::activation_row_stride(ff, eo.compute);
+    const std::int64_t ffs = nn::cpu::activation_row_stride(ff, d, eo.compute);
     for (const auto& [in, out, rows] : {std::tuple{d, 3 * d, nn::LinearRows{}}, std::tuple{d, d, nn::LinearRows{}},
                                         std::tuple{d, ff, nn::LinearRows{.out = ffs}},
                                         std::tuple{ff, d, nn::LinearRows{.in = ffs}}}) {

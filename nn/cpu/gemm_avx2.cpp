@@ -11,11 +11,14 @@
 #include <fmt/format.h>
 
 #include "core/aligned_buffer.h"
+#include "core/cpu.h"
 #include "core/error.h"
+#include "nn/cpu/isa.h"
 
-// Compiled for AVX2 and FMA whatever the build's -march; called only where the
-// CPU has them (avx2_gemm_supported).
-#define DTRAIN_AVX2 __attribute__((target("avx2,fma")))
+// This file is compiled for AVX2 and FMA alone whatever the build's -march
+// (nn/CMakeLists.txt): built for AVX-512, GCC 12 keeps the tile loop's A-row
+// pointers in vector registers and moves them back in the hot loop. Called
+// only where the CPU has AVX2 and FMA (avx2_gemm_supported).
 
 namespace dtrain::nn::cpu {
 namespace {
@@ -63,7 +66,7 @@ Scratch& scratch() {
 }
 
 // Transposes the 8 x 8 block in r[0..7] (rows) into r[0..7] (columns).
-DTRAIN_AVX2 inline void transpose8(__m256 r[8]) {
+inline void transpose8(__m256 r[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
   const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -87,7 +90,7 @@ DTRAIN_AVX2 inline void transpose8(__m256 r[8]) {
 // floats per k; rows past `width` are zero. 8 rows at a time through
 // transpose8; the stores of a panel of 6 write 8 floats, the next k's store
 // (or the next panel, or the slack) takes the 2 extra.
-DTRAIN_AVX2 void pack_rows_along_k(const float* src, std::int64_t ld, std::int64_t width, std::int64_t kc,
+void pack_rows_along_k(const float* src, std::int64_t ld, std::int64_t width, std::int64_t kc,
                                    std::int64_t panel, float* dst) {
   for (std::int64_t h = 0; h < panel; h += 8) {
     const float* rows[8];
@@ -124,7 +127,7 @@ DTRAIN_AVX2 void pack_rows_along_k(const float* src, std::int64_t ld, std::int64
 // takes the 2 extra, and the last k's store writes 6.
 constexpr std::int64_t kRowsAhead = 16;
 template <std::int64_t kPanel>
-DTRAIN_AVX2 void pack_along_rows(const float* src, std::int64_t ld, std::int64_t width, std::int64_t kc,
+void pack_along_rows(const float* src, std::int64_t ld, std::int64_t width, std::int64_t kc,
                                  float* dst) {
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const auto first = [&](std::int64_t count) {  // lanes [0, count)
@@ -157,7 +160,7 @@ DTRAIN_AVX2 void pack_along_rows(const float* src, std::int64_t ld, std::int64_t
 }
 
 // op(A) rows [i0, i0 + mc), k [p0, p0 + kc) -> panels of kMR rows, [kc][kMR] each.
-DTRAIN_AVX2 void pack_a(const View& a, std::int64_t i0, std::int64_t mc, std::int64_t p0, std::int64_t kc,
+void pack_a(const View& a, std::int64_t i0, std::int64_t mc, std::int64_t p0, std::int64_t kc,
                         float* dst) {
   if (a.trans) {
     pack_along_rows<kMR>(a.p + p0 * a.ld + i0, a.ld, mc, kc, dst);
@@ -169,7 +172,7 @@ DTRAIN_AVX2 void pack_a(const View& a, std::int64_t i0, std::int64_t mc, std::in
 }
 
 // op(B) k [p0, p0 + kc), columns [j0, j0 + nc) -> panels of kNR columns, [kc][kNR] each.
-DTRAIN_AVX2 void pack_b(const View& b, std::int64_t p0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
+void pack_b(const View& b, std::int64_t p0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
                         float* dst) {
   if (!b.trans) {
     pack_along_rows<kNR>(b.p + p0 * b.ld + j0, b.ld, nc, kc, dst);
@@ -192,7 +195,7 @@ struct Epilogue {
 // six rows of A: row r's k-th element at a[r][k * kStep] (kStep = kMR: a
 // packed panel, a[r] = panel + r; kStep = 1: A as stored, one row each).
 template <std::int64_t kStep>
-DTRAIN_AVX2 void tile(std::int64_t kc, const float* const a[kMR], const float* b, float* c, std::int64_t ldc,
+void tile(std::int64_t kc, const float* const a[kMR], const float* b, float* c, std::int64_t ldc,
                       const Epilogue& e) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -234,7 +237,7 @@ DTRAIN_AVX2 void tile(std::int64_t kc, const float* const a[kMR], const float* b
 
 // A tile of rows x cols (at most 6 x 16) through a full tile in registers.
 template <std::int64_t kStep>
-DTRAIN_AVX2 void edge_tile(std::int64_t kc, const float* const a[kMR], const float* b, float* c, std::int64_t ldc,
+void edge_tile(std::int64_t kc, const float* const a[kMR], const float* b, float* c, std::int64_t ldc,
                            std::int64_t rows, std::int64_t cols, Epilogue e) {
   alignas(32) float t[kMR * kNR] = {};
   alignas(32) float bias[kNR] = {};
@@ -251,7 +254,7 @@ DTRAIN_AVX2 void edge_tile(std::int64_t kc, const float* const a[kMR], const flo
 // The tiles of C rows [i0, i0 + mc) x columns [j0, j0 + nc) for one block of k
 // (packed B panels pb), A as a[r] gives it (see tile).
 template <std::int64_t kStep, class RowsOfA>
-DTRAIN_AVX2 void tiles(std::int64_t mc, std::int64_t nc, std::int64_t kc, RowsOfA rows_of_a, const float* pb,
+void tiles(std::int64_t mc, std::int64_t nc, std::int64_t kc, RowsOfA rows_of_a, const float* pb,
                        float* c, std::int64_t ldc, const float* bias, float alpha, bool add_c) {
   for (std::int64_t jr = 0; jr < nc; jr += kNR) {
     const std::int64_t cols = std::min(kNR, nc - jr);
@@ -274,7 +277,7 @@ DTRAIN_AVX2 void tiles(std::int64_t mc, std::int64_t nc, std::int64_t kc, RowsOf
 // stored (not transposed) feeds the tiles directly when B is narrow
 // (reads_a_as_stored): packing it would cost more than its reuse over so few
 // columns saves.
-DTRAIN_AVX2 void block_product(const Gemm& g, const View& a, const View& b, float* c, std::int64_t ldc,
+void block_product(const Gemm& g, const View& a, const View& b, float* c, std::int64_t ldc,
                                const float* bias, std::int64_t i0, std::int64_t i1, std::int64_t j0,
                                std::int64_t j1) {
   Scratch& s = scratch();
@@ -311,20 +314,26 @@ DTRAIN_AVX2 void block_product(const Gemm& g, const View& a, const View& b, floa
 
 }  // namespace
 
-bool avx2_gemm_supported() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-}
+bool avx2_gemm_supported() { return cpu_isa().avx2_fma; }
 
 bool avx2_gemm_preferred(const char* choice) {
   const std::string_view c = choice != nullptr ? choice : "";
   if (c == "onednn") return false;
+  if (c == "avx2") {
+    if (!avx2_gemm_supported()) {
+      throw Error(fmt::format("DTRAIN_CPU_GEMM=avx2: this CPU ({}) has no AVX2 and FMA, or oneDNN is capped below "
+                              "them (ONEDNN_MAX_CPU_ISA); unset the variable or use onednn",
+                              cpu_model_name()));
+    }
+    return true;
+  }
   if (!c.empty() && c != "auto") {
-    throw Error(fmt::format("DTRAIN_CPU_GEMM={}: use auto (the default: dtrain's AVX2 kernel where the CPU has AVX2 "
-                            "without AVX-512) or onednn (oneDNN's matmul for every product)",
+    throw Error(fmt::format("DTRAIN_CPU_GEMM={}: use auto (the default: dtrain's AVX2 kernel where the CPU, or "
+                            "oneDNN's ISA cap, has AVX2 without AVX-512), avx2 (the AVX2 kernel on any CPU with "
+                            "AVX2 and FMA) or onednn (oneDNN's matmul for every product)",
                             c));
   }
-  return avx2_gemm_supported() && !__builtin_cpu_supports("avx512f");
+  return avx2_gemm_supported() && !cpu_isa().avx512;
 }
 
 bool avx2_gemm_preferred() {

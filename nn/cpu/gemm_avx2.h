@@ -2,7 +2,7 @@
 // machines on which oneDNN 2.6 has no brgemm matmul and runs its JIT sgemm
 // ("gemm:jit"). On an AVX2 AMD EPYC (Zen 3), one thread, it ran lm-small's
 // linear products 4-10% faster in all than that sgemm, and whole training
-// steps 1.6-3.9% faster (docs/ARCHITECTURE.md, "CPUs with AVX2 alone", with
+// steps 1.6-3.9% faster (docs/performance.md, "dtrain's own AVX2 GEMM", with
 // the commands that measure it). gemm() (matmul.h) decides where it runs.
 //
 // The method is the classic one of BLIS and OpenBLAS for AVX2: op(B) is packed
@@ -18,14 +18,18 @@
 
 namespace dtrain::nn::cpu {
 
-// True when this CPU has AVX2 and FMA (avx2_gemm runs here at all).
+// True when this CPU has AVX2 and FMA (avx2_gemm runs here at all), as
+// cpu_isa() sees it (nn/cpu/isa.h).
 bool avx2_gemm_supported();
 
-// True when gemm() runs f32 products through avx2_gemm on this CPU: it has
-// AVX2 and FMA and no AVX-512 (where oneDNN's brgemm kernels run instead),
-// and the environment's DTRAIN_CPU_GEMM (read once) is unset or "auto";
-// "onednn" runs every product on oneDNN (to compare, or to rule the kernel
-// out). Throws dtrain::Error naming the variable on any other value.
+// True when gemm() runs f32 products through avx2_gemm on this CPU, by the
+// environment's DTRAIN_CPU_GEMM (read once): unset or "auto", where
+// cpu_isa() has AVX2 and FMA and no AVX-512 (where oneDNN's brgemm kernels
+// run instead): a CPU with AVX2 alone, or any capped there by
+// ONEDNN_MAX_CPU_ISA; "avx2", on any CPU with AVX2 and FMA (a dtrain::Error
+// on others); "onednn", never (every product on oneDNN: to compare, or to
+// rule the kernel out). Throws dtrain::Error naming the variable on any other
+// value.
 bool avx2_gemm_preferred();
 // The same for a given DTRAIN_CPU_GEMM value (null: unset).
 bool avx2_gemm_preferred(const char* choice);

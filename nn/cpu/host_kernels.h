@@ -33,10 +33,12 @@ class HostKernels {
 
   explicit HostKernels(HostDevice& device) : dev_(&device) {}
 
-  // The row stride of the d_ff-wide activations, which weight gradients read
-  // down their columns: padded where oneDNN's sgemm would otherwise copy them
-  // (cpu::activation_row_stride).
-  static std::int64_t row_stride(std::int64_t cols) { return activation_row_stride(cols, kCompute); }
+  // The row stride of the d_ff-wide activations (cols wide, multiplied with
+  // other-wide ones), which weight gradients read down their columns: padded
+  // where oneDNN's sgemm would otherwise copy them (cpu::activation_row_stride).
+  static std::int64_t row_stride(std::int64_t cols, std::int64_t other) {
+    return activation_row_stride(cols, other, kCompute);
+  }
 
   // x, w, b read; y, mean, rstd (and x_copy, when given) written.
   template <class E>

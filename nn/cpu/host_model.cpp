@@ -84,7 +84,7 @@ std::int64_t planned_activation_bytes(const ModelConfig& config, const Parameter
                                                           batch, seq_len)
                                    .activation_bytes();
     using Acts = GraphActivations<typename F::T>;
-    const std::int64_t host_stride = cpu::HostKernels<F>::row_stride(config.d_ff);
+    const std::int64_t host_stride = cpu::HostKernels<F>::row_stride(config.d_ff, config.d_model);
     const std::int64_t stride = ff_stride != 0 ? ff_stride : host_stride;
     return graph + Acts(counting, config, batch, seq_len, attention_scratch, stride).bytes() -
            Acts(counting, config, batch, seq_len, AttentionScratchKind::none, host_stride).bytes();

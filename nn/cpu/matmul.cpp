@@ -12,18 +12,17 @@
 
 #include <dnnl.hpp>
 
-#if defined(__AVX512F__)
 // GCC 12 reports its own unpack intrinsics' undefined pass-through operand.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
-#endif
 
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "nn/cpu/convert.h"
 #include "nn/cpu/gemm_avx2.h"
+#include "nn/cpu/isa.h"
 #include "nn/cpu/kernel_profile.h"
 
 namespace dtrain::nn::cpu {
@@ -74,9 +73,12 @@ struct KeyHash {
 // (transpose) for f32. REQUIRES k a multiple of the k-block, n of 64.
 constexpr std::int64_t kPackN = 64;
 
-#if defined(__AVX512F__)
+// AVX-512 code, compiled for it whatever the build's baseline and called only
+// where cpu_isa().avx512 (the layouts above are AVX-512 brgemm's alone).
+#define DTRAIN_AVX512 __attribute__((target("avx512f")))
+
 // Rows r[0..16) of 16 words each become the columns.
-inline void transpose16(__m512i r[16]) {
+DTRAIN_AVX512 inline void transpose16(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -99,25 +101,28 @@ inline void transpose16(__m512i r[16]) {
     r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
   }
 }
-#endif
+
+// Words [0, whole) of 16 columns, 16 at a time: whole is a multiple of 16.
+DTRAIN_AVX512 void transpose_columns16(const std::uint32_t* src, std::int64_t ld, std::int64_t whole,
+                                       std::uint32_t* dst) {
+  for (std::int64_t w0 = 0; w0 < whole; w0 += 16) {
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ld + w0);
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (w0 + i) * kPackN, r[i]);
+  }
+}
 
 // dst[n-block][w][j] = src[(n-block * 64 + j) * ld + w] for w < words.
 void pack_transposed_words(const std::uint32_t* src, std::int64_t ld, std::int64_t words, std::int64_t n,
                            std::uint32_t* dst) {
+  const std::int64_t whole = cpu_isa().avx512 ? words / 16 * 16 : 0;
   for (std::int64_t n0 = 0; n0 < n; n0 += kPackN, dst += words * kPackN) {
     for (std::int64_t j0 = 0; j0 < kPackN; j0 += 16) {
-      std::int64_t w0 = 0;
-#if defined(__AVX512F__)
-      for (; w0 + 16 <= words; w0 += 16) {
-        __m512i r[16];
-        for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + (n0 + j0 + i) * ld + w0);
-        transpose16(r);
-        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (w0 + i) * kPackN + j0, r[i]);
-      }
-#endif
+      if (whole > 0) transpose_columns16(src + (n0 + j0) * ld, ld, whole, dst + j0);
       for (std::int64_t j = j0; j < j0 + 16; ++j) {
         const std::uint32_t* column = src + (n0 + j) * ld;
-        for (std::int64_t w = w0; w < words; ++w) dst[w * kPackN + j] = column[w];
+        for (std::int64_t w = whole; w < words; ++w) dst[w * kPackN + j] = column[w];
       }
     }
   }
@@ -648,9 +653,17 @@ bool widens(DType t) { return t == DType::f16 || (t == DType::bf16 && !bf16_kern
 
 bool gemm_widens(const Gemm& g) { return widens(g.a_type) || widens(g.b_type) || widens(g.c_type); }
 
-std::int64_t gemm_copy_bytes(const Gemm& g) {
+GemmCopies gemm_copies(const Gemm& g) {
   const Entry& e = lookup(g, false);
-  return padding(e.widen ? in_f32(g) : g, e).floats() * static_cast<std::int64_t>(sizeof(float));
+  const Padding p = padding(e.widen ? in_f32(g) : g, e);
+  constexpr auto kBytes = static_cast<std::int64_t>(sizeof(float));
+  return {p.a ? p.a_rows * (p.a_cols + kPadFloats) * kBytes : 0,
+          p.b ? p.b_rows * (p.b_cols + kPadFloats) * kBytes : 0};
+}
+
+std::int64_t gemm_copy_bytes(const Gemm& g) {
+  const GemmCopies c = gemm_copies(g);
+  return c.a + c.b;
 }
 
 std::int64_t gemm_scratch_bytes(const Gemm& g) {
@@ -658,10 +671,13 @@ std::int64_t gemm_scratch_bytes(const Gemm& g) {
   return e.avx2 ? avx2_gemm_scratch_bytes(g) : gemm_copy_bytes(g);
 }
 
-std::int64_t activation_row_stride(std::int64_t cols, DType t) {
+std::int64_t activation_row_stride(std::int64_t cols, std::int64_t other, DType t) {
   if (t != DType::f32) return cols;
-  const Gemm g{.m = cols, .n = cols, .k = 256, .trans_a = true};  // a weight gradient's dy^T, 256 rows
-  return padding(g, lookup(g, false)).a ? cols + kPadFloats : cols;
+  // The two weight gradients that read it, over 256 rows, with dense rows.
+  const Gemm as_a{.m = cols, .n = other, .k = 256, .trans_a = true};
+  const Gemm as_b{.m = other, .n = cols, .k = 256, .trans_a = true};
+  const bool copied = padding(as_a, lookup(as_a, false)).a || padding(as_b, lookup(as_b, false)).b;
+  return copied ? cols + kPadFloats : cols;
 }
 
 bool copies_weights(DType t) {

@@ -118,6 +118,11 @@ bool gemm_widens(const Gemm& g);
 // on this CPU (0 where it reads them as stored); the scratch holding them
 // grows to the largest and is kept.
 std::int64_t gemm_copy_bytes(const Gemm& g);
+// The same, per operand.
+struct GemmCopies {
+  std::int64_t a = 0, b = 0;
+};
+GemmCopies gemm_copies(const Gemm& g);
 
 // Bytes of all the per-thread scratch gemm(g) copies its operands into: the
 // padded copies above, or the packed blocks of dtrain's own kernel
@@ -125,12 +130,15 @@ std::int64_t gemm_copy_bytes(const Gemm& g);
 std::int64_t gemm_scratch_bytes(const Gemm& g);
 
 // The row stride, in elements, to give an activation of `cols` columns of
-// type t that weight gradients read (down its columns, as dy^T or x): cols,
-// or cols + 16 where gemm() would otherwise read it through a padded copy
-// (oneDNN's sgemm, f32, rows a multiple of 1 KiB apart: see gemm()). Written
-// with that stride by its producers, it is read as stored: the same results,
-// without the copy (about 1 ms per 8 MiB in an lm-small step).
-std::int64_t activation_row_stride(std::int64_t cols, DType t);
+// type t that weight gradients read down its columns, multiplied with
+// activations of `other` columns (an MLP's: d_ff and d_model): as dy^T (A of
+// dW [cols, other] = dy^T x) or as x (B of dW [other, cols]). cols, or cols +
+// 16 where gemm() would otherwise read it through a padded copy in either
+// product (oneDNN's sgemm, f32, rows a multiple of 1 KiB apart: see gemm()),
+// as this CPU picks their kernels. Written with that stride by its
+// producers, it is read as stored: the same results, without the copy (about
+// 1 ms per 8 MiB in an lm-small step).
+std::int64_t activation_row_stride(std::int64_t cols, std::int64_t other, DType t);
 
 // Whether gemm_weights keeps copies of weights of operand type t on this CPU:
 // not where they widen, nor where the kernel reads them as stored (AVX2).

@@ -48,7 +48,7 @@ class CudaKernels {
   explicit CudaKernels(CudaDevice& device) : blas_(&device.blas()), stream_(device.stream()) {}
 
   // cuBLAS reads every activation as stored: rows stay dense.
-  static std::int64_t row_stride(std::int64_t cols) { return cols; }
+  static std::int64_t row_stride(std::int64_t cols, std::int64_t /*other*/) { return cols; }
 
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "nn/cpu/isa.h"
 #include "nn/cpu/gemm_avx2.h"
 
 // Counting global operator new/delete: counts only while g_count_allocs is set.
@@ -184,26 +185,35 @@ TEST(Matmul, OperandsWithRowsAMultipleOfOneKiBApartMatchReferenceAndTheirPaddedC
   }
 }
 
-// The row stride for activations that weight gradients read: 16 floats more
-// exactly where gemm() would read such rows (as dy^T, or x as stored) through
-// a padded copy, so that rows written with it are read as stored; dense
-// elsewhere (dtrain's own kernel on AVX2, which packs every operand itself;
-// oneDNN's brgemm on AVX-512), and for 16-bit types (which widen into dense
-// scratch or run kernels of their own). The products: weight gradients of a
-// cols-wide layer to and from one of cols, over 256 rows.
-TEST(Matmul, ActivationRowStridePadsExactlyTheRowsGemmWouldCopy) {
-  for (std::int64_t cols : {64, 256, 257, 768, 1024}) {
-    const Gemm dy_t{.m = cols, .n = cols, .k = 256, .trans_a = true, .accumulate = true, .ldb = 2 * cols + 1};
-    const Gemm x{.m = cols, .n = cols, .k = 256, .trans_a = true, .accumulate = true, .lda = 2 * cols + 1};
-    const std::int64_t stride = activation_row_stride(cols, DType::f32);
-    EXPECT_EQ(stride, gemm_copy_bytes(dy_t) > 0 ? cols + 16 : cols) << cols;
-    EXPECT_EQ(stride, gemm_copy_bytes(x) > 0 ? cols + 16 : cols) << cols;
-    Gemm dy_t_strided = dy_t, x_strided = x;
-    dy_t_strided.lda = stride;
-    x_strided.ldb = stride;
-    EXPECT_EQ(gemm_copy_bytes(dy_t_strided), 0) << cols;
-    EXPECT_EQ(gemm_copy_bytes(x_strided), 0) << cols;
-    EXPECT_EQ(activation_row_stride(cols, DType::bf16), cols);
+// The row stride of the d_ff-wide activations (h, a and their gradients),
+// which the MLP's weight gradients read down their columns: whatever kernel
+// gemm() picks on this CPU (oneDNN's sgemm, its brgemm, dtrain's own), those
+// products read such an operand as stored, never through a padded copy, and
+// match the reference. fc1's dW = dh^T x reads dh (d_ff wide) as A; fc2's
+// dW = dy^T a reads a (d_ff wide) as B; the d_model-wide operands are dense.
+// 16-bit types (which widen into dense scratch or run kernels of their own)
+// stay dense.
+TEST(Matmul, ActivationRowStrideLetsWeightGradientsReadTheirOperandsAsStored) {
+  const std::int64_t widths[] = {64, 256, 257, 768, 1024};
+  unsigned seed = 60;
+  for (std::int64_t d_ff : widths) {
+    for (std::int64_t d_model : widths) {
+      const std::int64_t stride = activation_row_stride(d_ff, d_model, DType::f32);
+      EXPECT_TRUE(stride == d_ff || stride == d_ff + 16) << d_ff;
+      const Gemm fc1{.m = d_ff, .n = d_model, .k = 256, .trans_a = true, .accumulate = true, .lda = stride};
+      const Gemm fc2{.m = d_model, .n = d_ff, .k = 256, .trans_a = true, .accumulate = true, .ldb = stride};
+      EXPECT_EQ(gemm_copies(fc1).a, 0) << gemm_string(fc1) << " on " << gemm_impl_info(fc1, false);
+      EXPECT_EQ(gemm_copies(fc2).b, 0) << gemm_string(fc2) << " on " << gemm_impl_info(fc2, false);
+      if (d_model != 257) continue;  // the reference is slow: a few products suffice
+      for (const Gemm& g : {fc1, fc2}) {
+        const Operands o = make_operands(g, seed++);
+        std::vector<float> c = o.c;
+        gemm(g, o.a.data(), o.b.data(), c.data());
+        expect_matches_reference(g, o, c, false);
+      }
+    }
+    EXPECT_EQ(activation_row_stride(d_ff, d_ff, DType::bf16), d_ff);
+    EXPECT_EQ(activation_row_stride(d_ff, d_ff, DType::f16), d_ff);
   }
 }
 
@@ -486,13 +496,19 @@ TEST(Avx2Gemm, GemmRunsItExactlyWherePreferred) {
   }
 }
 
-// DTRAIN_CPU_GEMM: unset or "auto" leaves the choice to the CPU, "onednn"
-// turns the own kernel off; anything else is an error naming the variable.
+// DTRAIN_CPU_GEMM: unset or "auto" leaves the choice to the CPU (as oneDNN's
+// ISA cap sees it), "avx2" forces the own kernel on wherever it can run,
+// "onednn" turns it off; anything else is an error naming the variable.
 TEST(Avx2Gemm, EnvironmentChoosesOrRulesOutTheKernel) {
-  const bool cpu = avx2_gemm_supported() && !__builtin_cpu_supports("avx512f");
+  const bool cpu = avx2_gemm_supported() && !cpu_isa().avx512;
   EXPECT_EQ(avx2_gemm_preferred(nullptr), cpu);
   EXPECT_EQ(avx2_gemm_preferred("auto"), cpu);
   EXPECT_FALSE(avx2_gemm_preferred("onednn"));
+  if (avx2_gemm_supported()) {
+    EXPECT_TRUE(avx2_gemm_preferred("avx2"));
+  } else {
+    EXPECT_THROW(avx2_gemm_preferred("avx2"), Error);
+  }
   try {
     avx2_gemm_preferred("mkl");
     ADD_FAILURE() << "DTRAIN_CPU_GEMM=mkl was accepted";

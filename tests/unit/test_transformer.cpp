@@ -613,11 +613,12 @@ TEST(Transformer, IdenticalRunsAreBitwiseIdentical) {
 
 // HostKernels whose d_ff-wide activations' rows are cols + Pad floats apart
 // (row_stride: nn/graph.h). The CPU's own choice (cpu::activation_row_stride)
-// pads them only where oneDNN's sgemm would copy them (CPUs without AVX2).
+// pads them only where oneDNN's sgemm would copy them (DTRAIN_CPU_GEMM=onednn,
+// or products of the own kernel's sides below 128, on CPUs with AVX2 alone).
 template <std::int64_t Pad>
 struct RowKernels : cpu::HostKernels<cpu::F32Format> {
   using HostKernels::HostKernels;
-  static std::int64_t row_stride(std::int64_t cols) { return cols + Pad; }
+  static std::int64_t row_stride(std::int64_t cols, std::int64_t /*other*/) { return cols + Pad; }
 };
 
 // Rows of h, a and d_h 16 floats apart train as dense rows do, bit for bit:
