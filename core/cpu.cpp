@@ -33,8 +33,10 @@ const char* cpu_build_baseline() { return DTRAIN_CPU_BASELINE; }
 
 std::string cpu_baseline_problem() {
   const std::string baseline = DTRAIN_CPU_BASELINE;
-  // __builtin_cpu_supports takes literals. "native": a binary for the machine
-  // that built it, which is its builder's to place.
+  // Before main(), libgcc's own constructor may not have filled in what
+  // __builtin_cpu_supports reads yet. It takes literals. "native": a binary
+  // for the machine that built it, which is its builder's to place.
+  __builtin_cpu_init();
   if (baseline == "x86-64-v3" && !__builtin_cpu_supports("x86-64-v3")) {
     return "this build of dtrain needs a CPU with AVX2, FMA, F16C and BMI2 (x86-64-v3), and this one (" +
            cpu_model_name() + ") lacks them";
