@@ -64,8 +64,14 @@ function(dtrain_add_test file)
     set(ARG_LABELS unit)
   endif()
   gtest_discover_tests(${target}
-    PROPERTIES LABELS "${ARG_LABELS}" ENVIRONMENT OMP_NUM_THREADS=1
+    PROPERTIES ENVIRONMENT OMP_NUM_THREADS=1
     DISCOVERY_TIMEOUT 60)
+  # The labels go on once ctest has read the discovered tests (their names
+  # in ${target}_TESTS): gtest_discover_tests would pass one label, not a list.
+  set(label_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
+  file(WRITE ${label_file}
+       "if(${target}_TESTS)\n  set_tests_properties(\${${target}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\")\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${label_file})
 endfunction()
 
 # DTRAIN_WITH_CUDA: AUTO enables CUDA when nvcc is found (CMAKE_CUDA_COMPILER,
