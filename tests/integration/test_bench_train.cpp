@@ -102,10 +102,17 @@ void expect_ceiling(std::map<std::string, std::map<std::string, double>>& rows, 
   const double gemm_flops = rows["gemm"]["gflops"] * 1e9 * gemm_ms / 1e3;
   const double ceiling_ms = 1e3 * gemm_flops / peak + (step_ms - gemm_ms);
   EXPECT_NEAR(rows["ceiling"]["step_ms"], ceiling_ms, 0.01 * ceiling_ms);
-  EXPECT_LT(rows["ceiling"]["step_ms"], step_ms) << "a tiny model's GEMMs run below the 2048^3 peak";
   const double mfu = figure(output, "flops_per_token") * 32 / (ceiling_ms / 1e3) / peak;
   EXPECT_NEAR(rows["ceiling"]["mfu"], mfu, 0.01 * mfu);
-  EXPECT_GT(rows["ceiling"]["mfu"], figure(output, "mfu")) << "the ceiling is above the step as run";
+  // The ceiling is below the step exactly when the GEMMs ran below the peak:
+  // a tiny model's do, unless a busy machine measured the peak low. Which one
+  // happened is in the printed figures, so this asserts no timing.
+  if (rows["gemm"]["gflops"] * 1e9 < 0.99 * peak) {
+    EXPECT_LT(rows["ceiling"]["step_ms"], step_ms) << output;
+    EXPECT_GT(rows["ceiling"]["mfu"], figure(output, "flops_per_token") * 32 / (step_ms / 1e3) / peak) << output;
+  } else if (rows["gemm"]["gflops"] * 1e9 > 1.01 * peak) {
+    EXPECT_GT(rows["ceiling"]["step_ms"], step_ms) << output;
+  }
 }
 
 TEST(BenchTrain, PrintsThroughputWithoutAProfileByDefault) {
