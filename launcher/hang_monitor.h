@@ -3,6 +3,11 @@
 // ranks are stuck, in which phase and collective, and which rank is missing
 // (its heartbeat stopped) or behind (an earlier collective).
 //
+// Only ranks that heartbeat are watched: a rank that never sent one (a
+// program other than dtrain-worker, a PyTorch script say, which knows
+// nothing of heartbeats) is not stuck, and a round where no rank sent one is
+// never a hang. dtrain-worker heartbeats from its start.
+//
 // A heartbeat (telemetry/heartbeat_format.h) is stored at
 // "<run id>/round<R>/heartbeat/<rank>". `beat` grows while the worker's
 // process runs; step, phase and seq change when it makes progress.
@@ -30,8 +35,13 @@ class HangMonitor {
   // The rank's latest heartbeat (nullopt: none yet).
   void observe(int rank, const std::optional<telemetry::HeartbeatRecord>& heartbeat, Clock::time_point now);
 
-  // A report when the job made no progress for the timeout; nullopt otherwise.
+  // A report when the ranks that heartbeat made no progress for the
+  // timeout; nullopt otherwise (always while none has heartbeated).
   std::optional<std::string> check(Clock::time_point now) const;
+
+  // No rank sent a heartbeat within the timeout since the start: nothing is
+  // watched (for the agent to say so once).
+  bool unwatched(Clock::time_point now) const;
 
  private:
   struct Rank {
@@ -42,6 +52,7 @@ class HangMonitor {
   std::string describe(int rank, Clock::time_point now) const;
 
   std::vector<Rank> ranks_;
+  Clock::time_point start_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds stale_;
 };
