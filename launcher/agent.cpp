@@ -9,9 +9,11 @@
 
 #include <fmt/format.h>
 
+#include "cluster/run_token.h"
 #include "core/error.h"
 #include "core/exit_codes.h"
 #include "core/syscall.h"
+#include "launcher/error_file.h"
 #include "launcher/trace_merge.h"
 #include "launcher/worker_env.h"
 
@@ -91,7 +93,9 @@ int Agent::run() {
 AgentState Agent::init() {
   token_ = run_token(options_, env_);
   store_ = open_run_store(options_, token_);
-  NodeInfo self{store_.server != nullptr, options_.node_rank.value_or(-1), options_.nproc_per_node, hostname(), 0};
+  resolve_run_id();
+  const std::string host = options_.local_addr.empty() ? hostname() : options_.local_addr;
+  NodeInfo self{store_.server != nullptr, options_.node_rank.value_or(-1), options_.nproc_per_node, host, 0};
   RendezvousOptions ro{options_.min_nodes, options_.max_nodes, ms(options_.rdzv_timeout_s), ms(options_.last_call_s),
                        [] {
                          if (const int sig = g_signal.exchange(0); sig != 0) throw Interrupted{sig};
@@ -99,6 +103,43 @@ AgentState Agent::init() {
   rdzv_ = std::make_unique<Rendezvous>(std::make_shared<comm::PrefixStore>(options_.run_id + "/launch", store_.store),
                                        ro, self);
   if (store_.server) console_.say(fmt::format("hosting the run's store on {}:{}", options_.endpoint_host, options_.endpoint_port));
+  say_start_notes();
+  std::filesystem::create_directories(options_.log_dir);
+  if (options_.metrics_port > 0) {
+    metrics_ = std::make_unique<MetricsExporter>(options_.metrics_host, options_.metrics_port,
+                                                 ms(options_.monitor_interval_s), console_);
+    metrics_->set_peak_flops(options_.peak_flops);
+    metrics_->set_run_id(options_.run_id);
+    console_.say(fmt::format("serving /metrics on http://{}:{}/metrics", options_.metrics_host, metrics_->port()));
+  }
+  return AgentState::rendezvous;
+}
+
+// Without --rdzv-id (or Slurm's job id) every job gets a fresh id, as
+// torchrun's: the agent hosting the store makes it and publishes the run id
+// there, and the others take it from there, so every node of the job agrees
+// (and a later job in the same log folder or Prometheus is told apart).
+void Agent::resolve_run_id() {
+  const bool fresh = options_.run_id.empty();
+  const std::string key = "dtrain-launch/run_id";
+  if (store_.server) {
+    if (fresh) options_.run_id = cluster::random_token().substr(0, 12);
+    store_.store->set(key, comm::to_bytes(options_.run_id));
+  } else {
+    const std::string hosts = comm::to_string(store_.store->get(key, ms(options_.rdzv_timeout_s)));
+    if (!fresh && hosts != options_.run_id) {
+      throw Error(fmt::format("--rdzv-id {} differs from the run id {} of the agent hosting the store: give every "
+                              "node the same --rdzv-id, or none",
+                              options_.run_id, hosts));
+    }
+    options_.run_id = hosts;
+  }
+  if (fresh) console_.say(fmt::format("run id {} (fresh for this job; --rdzv-id chooses one)", options_.run_id));
+}
+
+// What the user should know before the workers start: choices made for them
+// and torchrun options that dtrain answers its own way.
+void Agent::say_start_notes() {
   if (!is_number(options_.nproc_spec)) {
     console_.say(fmt::format("--nproc-per-node {}: {} worker(s) on this node", options_.nproc_spec,
                              options_.nproc_per_node));
@@ -109,15 +150,13 @@ AgentState Agent::init() {
                              "itself); set OMP_NUM_THREADS to choose",
                              options_.nproc_per_node));
   }
-  std::filesystem::create_directories(options_.log_dir);
-  if (options_.metrics_port > 0) {
-    metrics_ = std::make_unique<MetricsExporter>(options_.metrics_host, options_.metrics_port,
-                                                 ms(options_.monitor_interval_s), console_);
-    metrics_->set_peak_flops(options_.peak_flops);
-    metrics_->set_run_id(options_.run_id);
-    console_.say(fmt::format("serving /metrics on http://{}:{}/metrics", options_.metrics_host, metrics_->port()));
+  if (options_.command.front() == "python3") {
+    const auto path = env_.find("PATH");
+    const auto python = find_program("python3", path != env_.end() ? path->second : "");
+    console_.say(python ? fmt::format("the workers run python3 from {} (the first on PATH)", python->string())
+                        : std::string("no python3 on PATH: the workers cannot start; put one on PATH"));
   }
-  return AgentState::rendezvous;
+  for (const std::string& note : options_.notes) console_.say(note);
 }
 
 AgentState Agent::rendezvous() {
@@ -155,10 +194,14 @@ void Agent::start_workers() {
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     const int rank = first + local;
-    specs.push_back({rank, worker_rank_environment(rank, local)});
+    const auto error_file = prepare_error_file(options_.log_dir, options_.run_id, plan_.round, rank);
+    specs.push_back({rank, worker_rank_environment(rank, local, error_file.string())});
     const auto log = std::filesystem::path(options_.log_dir) / fmt::format("rank_{}.log", rank);
-    std::ofstream out(log, first_round_ ? std::ios::trunc : std::ios::app);
-    if (!first_round_) out << fmt::format("----- dtrain-launch: round {} -----\n", plan_.round);
+    if (first_round_) {
+      keep_previous_log(log);
+    } else {
+      std::ofstream(log, std::ios::app) << fmt::format("----- dtrain-launch: round {} -----\n", plan_.round);
+    }
   }
   first_round_ = false;
   workers_ = std::make_unique<WorkerGroup>(console_);

@@ -1,7 +1,8 @@
 // Agent: what dtrain-launch runs on each node, as an explicit state machine
 // (docs/launcher.md):
 //
-//   INIT        token, the run's store (hosted here or reached), signal handlers
+//   INIT        token, the run's store (hosted here or reached), the run id
+//               (without --rdzv-id: a fresh one from the store's host)
 //   RENDEZVOUS  join a round with the other agents, start this node's workers
 //   RUNNING     supervise: worker exits, other nodes' failures, agent beats,
 //               hangs (node rank 0 reads every rank's heartbeat), signals,
@@ -56,6 +57,8 @@ class Agent {
   AgentState stopping();
   AgentState finish(AgentState final_state);
 
+  void resolve_run_id();
+  void say_start_notes();
   void start_workers();
   std::map<std::string, std::string> worker_environment() const;
   // One health check of the round; a RoundEnd when it is over.
@@ -90,6 +93,7 @@ class Agent {
   int restarts_ = 0;
   int master_port_ = 0;             // the workers' MASTER_PORT in this round
   bool first_round_ = true;
+  bool unwatched_said_ = false;     // said once that no worker heartbeats
   int exit_code_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "comm/store.h"
+#include "launcher/error_file.h"
 #include "telemetry/heartbeat_format.h"
 
 namespace dtrain::launcher {
@@ -53,10 +54,17 @@ std::optional<RoundEnd> Agent::on_worker_exits(const std::vector<WorkerExit>& ex
   console_.say(fmt::format("rank {} failed ({}); stopping the other workers", failed.rank, failed.describe()));
   workers_->stop(ms(options_.stop_timeout_s));
   const auto log = std::filesystem::path(options_.log_dir) / fmt::format("rank_{}.log", failed.rank);
+  std::string details;
+  // A PyTorch program under torchrun's @record said why in its error file.
+  const auto error_file = error_file_path(options_.log_dir, options_.run_id, plan_.round, failed.rank);
+  if (const auto message = read_error_message(error_file)) {
+    details = fmt::format("error file {}: {}\n", error_file.string(), *message);
+  }
+  details += fmt::format("last lines of {}:\n{}", log.string(), indent(tail_lines(log, 15)));
   return RoundEnd{RoundEnd::Kind::failure,
                   fmt::format("rank {} (node {}, host {}, pid {}) failed: {}", failed.rank, plan_.node_rank,
                               plan_.nodes[plan_.node_rank].host, failed.pid, failed.describe()),
-                  fmt::format("last lines of {}:\n{}", log.string(), indent(tail_lines(log, 15))), 0};
+                  details, 0};
 }
 
 std::optional<RoundEnd> Agent::check_round(bool local_done) {
@@ -101,6 +109,12 @@ std::optional<RoundEnd> Agent::check_hang() {
       h = telemetry::parse_heartbeat(comm::to_string(store_.store->get(key, milliseconds(5000))));
     }
     hang_->observe(rank, h, now);
+  }
+  if (!unwatched_said_ && hang_->unwatched(now)) {
+    unwatched_said_ = true;
+    console_.say(fmt::format("no worker sent a heartbeat within --hang-timeout {} s: hang detection watches only "
+                             "workers that heartbeat (dtrain-worker does; a PyTorch program does not)",
+                             options_.hang_timeout_s));
   }
   const std::optional<std::string> report = hang_->check(now);
   if (!report) return std::nullopt;

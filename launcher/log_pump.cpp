@@ -97,7 +97,29 @@ bool LogPump::drain(Stream& s) {
 
 void LogPump::emit(Stream& s, const std::string& line) {
   write_all(s.file_fd, line + "\n");
-  console_.line(fmt::format("[rank {}] {}", s.source.rank, line));
+  console_.line(console_line(s.source.rank, line));
+}
+
+std::string console_line(int rank, const std::string& line) {
+  if (line.rfind(fmt::format("[rank{}]:", rank), 0) == 0) return line;
+  return fmt::format("[rank {}] {}", rank, line);
+}
+
+void keep_previous_log(const std::filesystem::path& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return;
+  const auto numbered = [&](int n) { return fs::path(file.string() + "." + std::to_string(n)); };
+  int free = 1;
+  while (fs::exists(numbered(free), ec)) ++free;
+  for (int n = free; n >= 1; --n) {
+    const fs::path from = n == 1 ? file : numbered(n - 1);
+    fs::rename(from, numbered(n), ec);
+    if (ec) {
+      throw IoError(fmt::format("cannot keep the earlier log {} as {}: {}; check --log-dir", from.string(),
+                                numbered(n).string(), ec.message()));
+    }
+  }
 }
 
 std::string tail_lines(const std::filesystem::path& file, int lines) {

@@ -1,6 +1,7 @@
 #include "launcher/options.h"
 
 #include <filesystem>
+#include <regex>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +24,8 @@ constexpr int kMasterPort = 29500;
 // What the command line says before it becomes LaunchOptions.
 struct RawArgs {
   std::string nnodes, endpoint, master_addr;
+  std::string rdzv_backend = "c10d";
+  std::string tee, redirects;  // torchrun's 0-3 or LOCAL_RANK:0-3,...
   int node_rank = -1;
   int master_port = 0;
   bool no_python = false;
@@ -53,7 +56,12 @@ void add_options(CLI::App& app, LaunchOptions& o, RawArgs& raw) {
   app.add_option("--master-port,--master_port", raw.master_port, "torchrun's spelling of the endpoint's port")
       ->default_str(std::to_string(kMasterPort));
   app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the run id every agent of the job shares")
-      ->default_str("$SLURM_JOB_ID, else dtrain");
+      ->default_str("$SLURM_JOB_ID, else a fresh one per job");
+  app.add_option("--rdzv-backend,--rdzv_backend", raw.rdzv_backend,
+                 "torchrun's rendezvous backend: c10d or static, both meaning dtrain's built-in store");
+  app.add_option("--local-addr,--local_addr", o.local_addr,
+                 "the name or address this node advertises to the others (rendezvous, failure reports)")
+      ->default_str("hostname");
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_spec,
                  "workers on this node: N, auto (the GPUs, else the CPUs), cpu or gpu");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restarts of the whole job after failures");
@@ -65,6 +73,12 @@ void add_options(CLI::App& app, LaunchOptions& o, RawArgs& raw) {
   app.add_option("--rdzv-timeout", o.rdzv_timeout_s, "seconds to wait for the nodes of a round");
   app.add_option("--rdzv-last-call", o.last_call_s, "elastic: seconds to wait for more nodes once MIN joined");
   app.add_option("--log-dir", o.log_dir, "where rank_K.log files go");
+  app.add_option("-t,--tee", raw.tee,
+                 "torchrun's; accepted: every worker's stdout and stderr always go to LOG_DIR/rank_K.log and to "
+                 "the console as [rank K]")
+      ->default_str("3 (always)");
+  app.add_option("-r,--redirects", raw.redirects, "torchrun's; accepted, as --tee: logs and console, always")
+      ->default_str("3 (always)");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus /metrics on this port (0: off)");
   app.add_option("--metrics-host", o.metrics_host, "the address /metrics listens on");
   app.add_option("--metrics-linger", o.metrics_linger_s, "seconds /metrics keeps serving the final values after the job")
@@ -86,8 +100,8 @@ std::vector<std::string> split_program(const CLI::App& app, const std::vector<st
     const std::string name = a.substr(0, a.find('='));
     const CLI::Option* opt = app.get_option_no_throw(name);
     if (opt == nullptr) {
-      throw Error(fmt::format("unknown option '{}' before the program: put the program's own options after it "
-                              "(dtrain-launch [OPTIONS] [--] PROGRAM [ARGS...]; see dtrain-launch --help)",
+      throw Error(fmt::format("unknown option '{}' before the program: it is not a dtrain-launch option "
+                              "(dtrain-launch --help lists them, with the torchrun spellings it takes)",
                               name));
     }
     launcher_args.push_back(a);
@@ -131,6 +145,31 @@ void set_endpoint(LaunchOptions& o, const RawArgs& raw) {
   const cluster::HostPort hp = cluster::parse_host_port(endpoint, master ? "--master-addr:--master-port" : "--rdzv-endpoint");
   o.endpoint_host = hp.host;
   o.endpoint_port = hp.port;
+}
+
+// torchrun's --rdzv-backend: its c10d and static backends both come down to
+// one store on the endpoint, which dtrain's built-in store is.
+void check_rdzv_backend(const std::string& backend) {
+  if (backend == "c10d" || backend == "static") return;
+  throw Error(fmt::format("--rdzv-backend '{}' is not one dtrain-launch takes: c10d or static (both mean "
+                          "dtrain's built-in store at --rdzv-endpoint, hosted by node rank 0)",
+                          backend));
+}
+
+// torchrun's --tee/--redirects value (0 none, 1 stdout, 2 stderr, 3 both;
+// or LOCAL_RANK:0-3,...) is checked, then answered with a note: dtrain-launch
+// always does what `3` asks of both, and keeps the console too.
+void note_output_option(LaunchOptions& o, const std::string& option, const std::string& value) {
+  if (value.empty()) return;
+  static const std::regex form("[0-3]|[0-9]+:[0-3](,[0-9]+:[0-3])*");
+  if (!std::regex_match(value, form)) {
+    throw Error(fmt::format("{} '{}' is not torchrun's form: 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or "
+                            "LOCAL_RANK:0-3,... (e.g. 0:3,1:2)",
+                            option, value));
+  }
+  o.notes.push_back(fmt::format("{} {}: accepted for torchrun's sake; dtrain-launch always writes every worker's "
+                                "stdout and stderr to {}/rank_K.log and echoes them to this console as [rank K]",
+                                option, value, o.log_dir));
 }
 
 // srun --ntasks-per-node=1 dtrain-launch ...: one agent per node of the job.
@@ -227,10 +266,16 @@ LaunchOptions parse_command_line(const std::vector<std::string>& args, std::stri
   if (!raw.nnodes.empty()) std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(raw.nnodes);
   if (raw.node_rank >= 0) o.node_rank = raw.node_rank;
   set_endpoint(o, raw);
-  if (o.standalone && (!raw.nnodes.empty() || !o.endpoint_host.empty() || o.node_rank)) {
-    throw Error("--standalone runs one node with its own store: drop --nnodes, --node-rank, --rdzv-endpoint "
-                "and --master-addr/--master-port");
+  if (o.standalone && (o.min_nodes != 1 || o.max_nodes != 1 || !o.endpoint_host.empty() || o.node_rank)) {
+    throw Error("--standalone runs one node with its own store: drop --node-rank, --rdzv-endpoint and "
+                "--master-addr/--master-port, and --nnodes unless it is 1");
   }
+  check_rdzv_backend(raw.rdzv_backend);
+  if (o.local_addr.find_first_of(" \t\n") != std::string::npos) {
+    throw Error(fmt::format("--local-addr '{}' has white space: give one host name or address", o.local_addr));
+  }
+  note_output_option(o, "--tee", raw.tee);
+  note_output_option(o, "--redirects", raw.redirects);
   return o;
 }
 
@@ -282,7 +327,6 @@ void resolve_options(LaunchOptions& o, const cluster::EnvMap& env, const NodeRes
     o.min_nodes = o.max_nodes = 1;
     o.node_rank = 0;
   }
-  if (o.run_id.empty()) o.run_id = "dtrain";
   check(o);
 }
 

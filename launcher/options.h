@@ -9,7 +9,11 @@
 // in .py runs under `python3 -u` (--no-python: as it is; --module: `python3
 // -u -m`). The program starts after `--` or at the first argument that is
 // neither a launcher option nor an option's value; an unknown option before
-// it is an error naming it.
+// it is an error naming it. torchrun's options whose work dtrain does its
+// own way are accepted with that meaning: --rdzv-backend c10d|static (both:
+// dtrain's store), --tee and --redirects (per-rank logs and the console,
+// always; LaunchOptions::notes says so), --local-addr (the name this node
+// advertises), --standalone with --nnodes 1.
 //
 // Pure functions, except detect_node_resources: they read only their
 // arguments, so tests pass their own argument lists and environments.
@@ -30,7 +34,8 @@ struct LaunchOptions {
   std::optional<int> node_rank;     // --node-rank: this node's place (a preference when elastic)
   std::string endpoint_host;        // --rdzv-endpoint HOST:PORT (standalone: 127.0.0.1)
   int endpoint_port = 0;            // standalone: 0 until a free port is bound
-  std::string run_id;               // --rdzv-id, else SLURM_JOB_ID, else "dtrain"
+  std::string run_id;               // --rdzv-id, else SLURM_JOB_ID; empty: the agent makes a fresh one
+  std::string local_addr;           // --local-addr: the name this node advertises (empty: its hostname)
   std::string nproc_spec = "1";     // --nproc-per-node as given: N, auto, cpu or gpu
   int nproc_per_node = 1;           // resolved from nproc_spec by resolve_options
   int max_restarts = 0;
@@ -46,6 +51,7 @@ struct LaunchOptions {
   double peak_flops = 0.0;           // --peak-flops: one worker's peak FLOP/s, for dtrain_mfu (0: not exported)
   std::vector<std::string> command;  // what each worker executes: PROGRAM ARGS... (python3 -u first for .py)
   bool from_slurm = false;           // nodes, rank and endpoint came from Slurm's variables
+  std::vector<std::string> notes;    // what the agent says at start about options taken with another meaning
 
   bool elastic() const { return min_nodes != max_nodes; }
   bool multi_node() const { return !standalone; }

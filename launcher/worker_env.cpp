@@ -16,10 +16,10 @@ namespace dtrain::launcher {
 namespace {
 
 // torchrun's variables, which an enclosing torchrun may have given the agent.
-constexpr std::array<const char*, 15> kTorchrunVars = {
+constexpr std::array<const char*, 16> kTorchrunVars = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
     "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"};
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"};
 
 bool is_placement_variable(const std::string& name) {
   if (name.rfind("DTRAIN_", 0) == 0 || name.rfind("OMPI_COMM_WORLD_", 0) == 0 || name == "PMIX_RANK") return true;
@@ -71,10 +71,10 @@ std::map<std::string, std::string> worker_base_environment(const LaunchOptions& 
   return env;
 }
 
-std::map<std::string, std::string> worker_rank_environment(int rank, int local_rank) {
+std::map<std::string, std::string> worker_rank_environment(int rank, int local_rank, const std::string& error_file) {
   return {{"DTRAIN_RANK", std::to_string(rank)}, {"DTRAIN_LOCAL_RANK", std::to_string(local_rank)},
           {"RANK", std::to_string(rank)},        {"ROLE_RANK", std::to_string(rank)},
-          {"LOCAL_RANK", std::to_string(local_rank)}};
+          {"LOCAL_RANK", std::to_string(local_rank)}, {"TORCHELASTIC_ERROR_FILE", error_file}};
 }
 
 int free_tcp_port() {

@@ -5,7 +5,7 @@
 //   dtrain's   DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK, ... DTRAIN_STORE
 //   torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 //              ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-//              TORCHELASTIC_RESTART_COUNT / _MAX_RESTARTS / _RUN_ID
+//              TORCHELASTIC_RESTART_COUNT / _MAX_RESTARTS / _RUN_ID / _ERROR_FILE
 // so that dtrain-worker and a PyTorch script (init_process_group with
 // init_method="env://") both run under the launcher unchanged.
 #pragma once
@@ -38,8 +38,9 @@ std::map<std::string, std::string> worker_base_environment(const LaunchOptions& 
                                                            const cluster::EnvMap& agent_env,
                                                            const WorkerRound& round);
 
-// One worker's own: DTRAIN_RANK, DTRAIN_LOCAL_RANK, RANK, ROLE_RANK, LOCAL_RANK.
-std::map<std::string, std::string> worker_rank_environment(int rank, int local_rank);
+// One worker's own: DTRAIN_RANK, DTRAIN_LOCAL_RANK, RANK, ROLE_RANK,
+// LOCAL_RANK, and TORCHELASTIC_ERROR_FILE (`error_file`: launcher/error_file.h).
+std::map<std::string, std::string> worker_rank_environment(int rank, int local_rank, const std::string& error_file);
 
 // A TCP port free on this host a moment ago (bound to port 0 and released):
 // node rank 0's choice of MASTER_PORT. Throws IoError.

@@ -67,6 +67,18 @@ std::string signal_name(int signal) {
   return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", signal);
 }
 
+std::optional<std::filesystem::path> find_program(const std::string& program, const std::string& path) {
+  if (program.find('/') != std::string::npos) return std::filesystem::path(program);
+  for (std::size_t start = 0; start <= path.size();) {
+    const std::size_t colon = std::min(path.find(':', start), path.size());
+    const std::string dir = path.substr(start, colon - start);
+    const std::filesystem::path file = std::filesystem::path(dir.empty() ? "." : dir) / program;
+    if (::access(file.c_str(), X_OK) == 0 && !std::filesystem::is_directory(file)) return file;
+    start = colon + 1;
+  }
+  return std::nullopt;
+}
+
 bool WorkerExit::ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 std::string WorkerExit::describe() const {

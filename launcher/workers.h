@@ -41,6 +41,11 @@ struct WorkerExit {
 // "SIGKILL" for 9; "signal 77" for a number without a name.
 std::string signal_name(int signal);
 
+// The file a worker's exec runs for `program` under the search path `path`
+// (PATH's value): `program` itself when it names a folder, else the first
+// executable `<entry>/program`; nullopt when there is none.
+std::optional<std::filesystem::path> find_program(const std::string& program, const std::string& path);
+
 class WorkerGroup {
  public:
   explicit WorkerGroup(Console& console) : console_(console) {}

@@ -2,7 +2,8 @@
 // train exactly what the same job started by hand trains; a worker killed
 // with SIGKILL is restarted and the job ends with the loss of an
 // uninterrupted run; a SIGSTOPped worker is reported as a hang naming it,
-// then restarted; exhausted restarts end with a summary; the launcher's own
+// then restarted; a program that never heartbeats (not a dtrain-worker) is
+// not taken for a hang however long it runs; exhausted restarts end with a summary; the launcher's own
 // SIGKILL takes every worker with it; a signal to the launcher makes the
 // workers save and exit; the store refuses a wrong token; a taken port is a
 // clear error. Timeouts here are upper bounds only.
@@ -93,6 +94,22 @@ TEST(Launch, StoppedWorkerIsReportedAsAHangNamingItThenRestarted) {
   EXPECT_THAT(out, ::testing::ContainsRegex("rank 1: step [0-9]+, phase [a-z]+, collective #[0-9]+"));
   EXPECT_THAT(out, HasSubstr("(restart 1 of 1)"));
   EXPECT_TRUE(process_gone(pids[1]));
+}
+
+TEST(Launch, AProgramThatNeverHeartbeatsIsNotAHangPastTheTimeout) {
+  TempDir dir;
+  const std::string log = dir.file("launch.log");
+  auto launch = start_launch({"--standalone", "--nproc-per-node", "2", "--hang-timeout", "1", "--monitor-interval",
+                              "0.2", "--log-dir", dir.file("logs")},
+                             {"/bin/sh", "-c", "sleep 4; echo finished"}, log);
+  std::vector<Spawned> procs{launch};
+  ASSERT_TRUE(wait_all(procs, 60s)) << read_file(log);
+  const std::string out = read_file(log);
+  EXPECT_EQ(procs[0].exit_code(), 0) << out;
+  EXPECT_THAT(out, Not(HasSubstr("hang:")));
+  EXPECT_THAT(out, HasSubstr("[rank 1] finished"));
+  EXPECT_THAT(out, HasSubstr("no worker sent a heartbeat within --hang-timeout 1 s: hang detection watches only "
+                             "workers that heartbeat"));
 }
 
 TEST(Launch, ExhaustedRestartsEndTheJobWithASummary) {

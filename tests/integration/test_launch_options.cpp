@@ -1,21 +1,29 @@
 // dtrain-launch's pure parts: the command line (torchrun's spellings, where
 // the program starts, --nproc-per-node auto|cpu|gpu, Python programs) and its
 // completion from Slurm's variables (srun --ntasks-per-node=1 dtrain-launch
-// ...), the workers' environment (dtrain's contract and torchrun's), and the
-// hang monitor's verdicts from heartbeats.
+// ...), torchrun's options that dtrain answers its own way (--rdzv-backend,
+// --tee, --redirects, --local-addr, --standalone --nnodes 1), the workers'
+// environment (dtrain's contract and torchrun's, the error file), the logs
+// an earlier job leaves, and the hang monitor's verdicts from heartbeats.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "cluster/slurm_store.h"
 #include "core/error.h"
+#include "launcher/error_file.h"
 #include "launcher/hang_monitor.h"
+#include "launcher/log_pump.h"
 #include "launcher/options.h"
 #include "launcher/worker_env.h"
+#include "support/temp_dir.h"
 
 namespace dtrain::launcher {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 // A node of 8 CPUs and no GPU unless the test says otherwise.
@@ -33,6 +41,10 @@ void expect_error(const std::vector<std::string>& args, const std::string& text)
 }
 
 using Command = std::vector<std::string>;
+using dtrain::testing::read_file;
+using dtrain::testing::TempDir;
+
+void put(const std::filesystem::path& file, const std::string& text) { std::ofstream(file) << text; }
 
 TEST(LaunchOptions, StandaloneTakesTheProgramAfterTheSeparator) {
   const LaunchOptions o = parse({"--standalone", "--nproc-per-node", "4", "--", "prog", "--config", "x.json"});
@@ -100,9 +112,61 @@ TEST(LaunchOptions, TorchrunSpellingsAreAliasesAndTheProgramIsTheFirstPositional
 
 TEST(LaunchOptions, AnUnknownOptionBeforeTheProgramIsAnErrorNamingIt) {
   expect_error({"--master-addr", "127.0.0.1", "--master-port", "29500", "--bogus", "--", "true"},
-               "unknown option '--bogus' before the program");
+               "unknown option '--bogus' before the program: it is not a dtrain-launch option");
   expect_error({"--standalone", "--verbose=1", "true"}, "unknown option '--verbose'");
   expect_error({"--nproc-per-node"}, "--nproc-per-node");  // its value is missing
+  EXPECT_THAT([&] { parse({"--rdzv-conf", "x=1", "--", "true"}); },
+              ::testing::ThrowsMessage<Error>(Not(HasSubstr("put the program's own options after it"))));
+}
+
+TEST(LaunchOptions, StandaloneTakesTorchrunsNnodesOfOne) {
+  for (const auto& nnodes : {std::vector<std::string>{"--nnodes=1"}, {"--nnodes", "1"}, {"--nnodes", "1:1"}}) {
+    std::vector<std::string> args = {"--standalone"};
+    args.insert(args.end(), nnodes.begin(), nnodes.end());
+    args.insert(args.end(), {"--nproc-per-node", "2", "--", "p"});
+    const LaunchOptions o = parse(args);
+    EXPECT_TRUE(o.standalone) << nnodes.front();
+    EXPECT_EQ(o.max_nodes, 1);
+  }
+  expect_error({"--standalone", "--nnodes=2", "--", "p"}, "--nnodes unless it is 1");
+  expect_error({"--standalone", "--nnodes", "1:2", "--", "p"}, "--standalone");
+}
+
+TEST(LaunchOptions, RdzvBackendC10dAndStaticMeanDtrainsStore) {
+  for (const std::string spelling : {"--rdzv-backend", "--rdzv_backend"}) {
+    for (const std::string backend : {"c10d", "static"}) {
+      const LaunchOptions o = parse({spelling, backend, "--rdzv_endpoint", "n0:29400", "--nnodes", "2", "--", "p"});
+      EXPECT_EQ(o.endpoint_host, "n0") << spelling << " " << backend;
+      EXPECT_EQ(parse({spelling + "=" + backend, "--standalone", "--", "p"}).command, Command{"p"});
+    }
+  }
+  expect_error({"--rdzv_backend", "etcd", "--", "p"}, "--rdzv-backend 'etcd' is not one dtrain-launch takes: c10d or "
+                                                     "static");
+}
+
+TEST(LaunchOptions, TeeAndRedirectsAreAcceptedWithANoteOnWhatDtrainDoes) {
+  const LaunchOptions o = parse({"--tee", "3", "--redirects=3", "--log-dir", "out", "--", "p"});
+  ASSERT_EQ(o.notes.size(), 2u);
+  EXPECT_THAT(o.notes[0], HasSubstr("--tee 3: accepted"));
+  EXPECT_THAT(o.notes[0], HasSubstr("out/rank_K.log"));
+  EXPECT_THAT(o.notes[1], HasSubstr("--redirects 3: accepted"));
+  EXPECT_EQ(parse({"-t", "0:3,1:2", "-r", "1", "p"}).notes.size(), 2u);
+  EXPECT_TRUE(parse({"--", "p"}).notes.empty());
+  expect_error({"--tee", "5", "--", "p"}, "--tee '5' is not torchrun's form");
+  expect_error({"--redirects", "all", "--", "p"}, "--redirects 'all'");
+}
+
+TEST(LaunchOptions, LocalAddrIsTheNameThisNodeAdvertises) {
+  EXPECT_EQ(parse({"--local_addr", "10.0.0.7", "--", "p"}).local_addr, "10.0.0.7");
+  EXPECT_EQ(parse({"--local-addr=node7", "--", "p"}).local_addr, "node7");
+  EXPECT_EQ(parse({"--", "p"}).local_addr, "");
+  expect_error({"--local-addr", "a b", "--", "p"}, "--local-addr 'a b'");
+}
+
+TEST(LaunchOptions, WithoutRdzvIdTheRunIdIsLeftForTheAgentToMake) {
+  EXPECT_EQ(parse({"--standalone", "--", "p"}).run_id, "");
+  EXPECT_EQ(parse({"--nnodes", "2", "--rdzv-endpoint", "n0:1", "--", "p"}).run_id, "");
+  EXPECT_EQ(parse({"--rdzv_id", "mine", "--", "p"}).run_id, "mine");
 }
 
 TEST(LaunchOptions, MasterAddrAndPortNameTheEndpointAsInTorchrun) {
@@ -147,7 +211,11 @@ TEST(LaunchOptions, HelpShowsTheProgramFormAndEveryDefaultAndVersionTheVersion) 
   EXPECT_THAT(message, HasSubstr("Usage: dtrain-launch [OPTIONS] [--] PROGRAM [ARGS...]"));
   for (const char* shown : {"--nproc-per-node,--nproc_per_node TEXT=1", "--rdzv-timeout FLOAT=600",
                             "--log-dir TEXT=logs", "--master-port,--master_port INT=29500", "--metrics-linger FLOAT=0",
-                            "--hang-timeout FLOAT=300", "--node-rank,--node_rank INT=arrival order"}) {
+                            "--hang-timeout FLOAT=300", "--node-rank,--node_rank INT=arrival order",
+                            "--rdzv-backend,--rdzv_backend TEXT=c10d", "c10d or static, both meaning dtrain's built-in",
+                            "-t,--tee TEXT=3 (always)", "-r,--redirects TEXT=3 (always)",
+                            "always go to LOG_DIR/rank_K.log and to the console", "--local-addr,--local_addr TEXT=hostname",
+                            "--rdzv-id,--rdzv_id TEXT=$SLURM_JOB_ID, else a fresh one per job"}) {
     EXPECT_THAT(message, HasSubstr(shown));
   }
   message.clear();
@@ -162,7 +230,7 @@ TEST(WorkerEnvironment, CarriesDtrainsContractAndTorchrunsOverTheAgentsOwn) {
   const cluster::EnvMap agent = {{"HOME", "/root"}, {"RANK", "9"}, {"OMPI_COMM_WORLD_RANK", "1"},
                                  {"DTRAIN_RANK", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   auto env = worker_base_environment(o, plan, agent, {"tok", 31000, 2, 0.5, false});
-  const auto rank = worker_rank_environment(3, 1);
+  const auto rank = worker_rank_environment(3, 1, "/l/j/attempt_4/3/error.json");
   env.insert(rank.begin(), rank.end());
   const std::map<std::string, std::string> want = {
       {"HOME", "/root"}, {"RANK", "3"}, {"LOCAL_RANK", "1"}, {"ROLE_RANK", "3"}, {"WORLD_SIZE", "4"},
@@ -171,7 +239,8 @@ TEST(WorkerEnvironment, CarriesDtrainsContractAndTorchrunsOverTheAgentsOwn) {
       {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "j"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"DTRAIN_RANK", "3"}, {"DTRAIN_LOCAL_RANK", "1"}, {"DTRAIN_WORLD_SIZE", "4"}, {"DTRAIN_NODE_RANK", "1"},
       {"DTRAIN_STORE", "n0:29400"}, {"DTRAIN_RESTART", "4"}, {"DTRAIN_RUN_ID", "j"}, {"DTRAIN_TOKEN", "tok"},
-      {"DTRAIN_HEARTBEAT_S", "0.5"}, {"OMP_NUM_THREADS", "1"}, {"DTRAIN_OMP_DEFAULTED", "1"}};
+      {"DTRAIN_HEARTBEAT_S", "0.5"}, {"OMP_NUM_THREADS", "1"}, {"DTRAIN_OMP_DEFAULTED", "1"},
+      {"TORCHELASTIC_ERROR_FILE", "/l/j/attempt_4/3/error.json"}};
   for (const auto& [k, v] : want) EXPECT_EQ(env[k], v) << k;
   EXPECT_EQ(env.count("OMPI_COMM_WORLD_RANK"), 0u);
   // The user's OMP_NUM_THREADS stays theirs; one worker per node gets none.
@@ -180,6 +249,48 @@ TEST(WorkerEnvironment, CarriesDtrainsContractAndTorchrunsOverTheAgentsOwn) {
   EXPECT_EQ(chosen.count("DTRAIN_OMP_DEFAULTED"), 0u);
   o.nproc_per_node = 1;
   EXPECT_EQ(worker_base_environment(o, plan, {}, {"tok", 31000, 0, 0, false}).count("OMP_NUM_THREADS"), 0u);
+}
+
+TEST(WorkerEnvironment, ErrorFileLiesUnderTheLogFolderPerRunAttemptAndRank) {
+  EXPECT_EQ(error_file_path("/l", "j", 4, 3), std::filesystem::path("/l/j/attempt_4/3/error.json"));
+  TempDir dir;
+  const auto file = prepare_error_file(dir / "logs", "run1", 0, 1);
+  EXPECT_EQ(file, dir / "logs" / "run1" / "attempt_0" / "1" / "error.json");
+  EXPECT_TRUE(std::filesystem::is_directory(file.parent_path()));
+  EXPECT_FALSE(read_error_message(file));
+  // What torch.distributed.elastic's @record writes, and the plain form.
+  put(file, R"({"message": {"message": "RuntimeError: boom", "extraInfo": )"
+                                    R"({"py_callstack": "Traceback ...", "timestamp": "1"}}})");
+  EXPECT_EQ(read_error_message(file), "RuntimeError: boom");
+  put(file, R"({"message": "Signal 9 (SIGKILL) received"})");
+  EXPECT_EQ(read_error_message(file), "Signal 9 (SIGKILL) received");
+  put(file, "not json");
+  EXPECT_FALSE(read_error_message(file));
+  prepare_error_file(dir / "logs", "run1", 0, 1);  // an earlier job's file is not this one's
+  EXPECT_FALSE(std::filesystem::exists(file));
+}
+
+TEST(WorkerLogs, AnEarlierJobsLogIsKeptAsDotOneAndOlderOnesMoveUp) {
+  TempDir dir;
+  const auto log = dir / "rank_0.log";
+  keep_previous_log(log);  // nothing yet: nothing to keep
+  EXPECT_FALSE(std::filesystem::exists(log));
+  put(log, "job 1\n");
+  keep_previous_log(log);
+  put(log, "job 2\n");
+  keep_previous_log(log);
+  put(log, "job 3\n");
+  EXPECT_EQ(read_file(log), "job 3\n");
+  EXPECT_EQ(read_file(dir / "rank_0.log.1"), "job 2\n");
+  EXPECT_EQ(read_file(dir / "rank_0.log.2"), "job 1\n");
+  EXPECT_FALSE(std::filesystem::exists(dir / "rank_0.log.3"));
+}
+
+TEST(WorkerLogs, ALineWithTheRanksOwnPyTorchPrefixIsNotPrefixedAgain) {
+  EXPECT_EQ(console_line(1, "[rank1]: Traceback (most recent call last):"), "[rank1]: Traceback (most recent call last):");
+  EXPECT_EQ(console_line(1, "step 3"), "[rank 1] step 3");
+  EXPECT_EQ(console_line(1, "[rank0]: another rank's line"), "[rank 1] [rank0]: another rank's line");
+  EXPECT_EQ(console_line(12, "[rank1]: x"), "[rank 12] [rank1]: x");
 }
 
 TEST(HangMonitor, ParsesHeartbeats) {
@@ -211,6 +322,28 @@ TEST(HangMonitor, NamesTheMissingRankAndTheStuckOnes) {
   EXPECT_THAT(*report, HasSubstr("missing: rank(s) 1 stopped heartbeating"));
   EXPECT_THAT(*report, HasSubstr("stuck: rank(s) 0, 2 waiting"));
   EXPECT_THAT(*report, HasSubstr("rank 1: step 5, phase forward, collective #40"));
+}
+
+TEST(HangMonitor, RanksThatNeverHeartbeatAreNotWatched) {
+  const auto t0 = HangMonitor::Clock::now();
+  HangMonitor m(2, 1s, 2s, t0);
+  // A program that sends no heartbeat (a PyTorch script) runs as long as it likes.
+  for (int s = 0; s <= 600; s += 10) {
+    const auto t = t0 + std::chrono::seconds(s);
+    m.observe(0, std::nullopt, t);
+    m.observe(1, std::nullopt, t);
+    EXPECT_FALSE(m.check(t)) << "at " << s << " s";
+  }
+  EXPECT_FALSE(m.unwatched(t0 + 500ms));
+  EXPECT_TRUE(m.unwatched(t0 + 1s));
+  // Once one rank heartbeats, it is watched; the silent one is named, not blamed.
+  m.observe(0, telemetry::parse_heartbeat("beat=1 step=2 phase=forward seq=3"), t0 + 601s);
+  EXPECT_FALSE(m.unwatched(t0 + 601s));
+  EXPECT_FALSE(m.check(t0 + 601500ms));
+  const auto report = m.check(t0 + 603s);
+  ASSERT_TRUE(report);
+  EXPECT_THAT(*report, HasSubstr("silent: rank(s) 1 never sent a heartbeat"));
+  EXPECT_THAT(*report, Not(HasSubstr("stuck: rank(s) 0, 1")));
 }
 
 TEST(HangMonitor, ARankThatStillBeatsButIsBehindIsNamed) {

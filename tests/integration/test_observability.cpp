@@ -24,7 +24,7 @@ double sample(const std::string& page, const std::string& series) {
   return std::stod(page.substr(at + series.size() + 2));
 }
 
-// `series` of dtrain-launch's default run ("dtrain_step", "dtrain_rank_step{rank=\"1\"}"),
+// `series` of the launched job of run id "dtrain" ("dtrain_step", "dtrain_rank_step{rank=\"1\"}"),
 // which carries run_id="dtrain" first.
 std::string run_series(const std::string& series) {
   const auto brace = series.find('{');
@@ -100,8 +100,8 @@ TEST(Observability, LaunchedJobServesMetricsNamesTheStragglerAndMergesTraces) {
   const std::string log = dir.file("launch.log");
   auto command = worker_command(config, dir / "run", {"train.steps=400", "train.trace_steps=5:7", "train.eval_every=0"});
   command.insert(command.end(), {"--testonly-slow-rank", "1:15"});
-  auto launch = start_launch({"--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.2", "--metrics-port",
-                              std::to_string(port), "--log-dir", dir.file("logs")},
+  auto launch = start_launch({"--standalone", "--nproc-per-node", "2", "--rdzv-id", "dtrain", "--monitor-interval",
+                              "0.2", "--metrics-port", std::to_string(port), "--log-dir", dir.file("logs")},
                              command, log);
   std::vector<Spawned> procs{launch};
 
