@@ -2,7 +2,8 @@
 // train what the job started by hand trains; two agents in two network
 // namespaces (198.51.100.0/24, talking only inside the namespaces) do the
 // same; an elastic job (--nnodes 1:2) whose second agent is killed goes on
-// with one node and finishes from its checkpoint.
+// with one node and finishes from its checkpoint; without --rdzv-id both
+// nodes' workers get the one fresh run id the store's host made.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -133,6 +134,37 @@ TEST(LaunchNodes, ElasticJobLosingANodeGoesOnWithTheOther) {
   EXPECT_THAT(out, HasSubstr("round 1: node 0 of 1, ranks 0-0 of 1"));
   EXPECT_THAT(out, ::testing::ContainsRegex("resumed from .* saved by 2 rank"));
   EXPECT_THAT(out, HasSubstr("[rank 0] done: 300 steps"));
+}
+
+TEST(LaunchNodes, WithoutRdzvIdEveryNodeTakesTheRunIdTheStoresHostMade) {
+  TempDir dir;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    agents.push_back(start_launch({"--nnodes", "2", "--node-rank", std::to_string(node), "--rdzv-endpoint", endpoint,
+                                   "--rdzv-timeout", "60", "--log-dir", dir.file(fmt::format("logs{}", node))},
+                                  {"/bin/sh", "-c", "echo \"run=$TORCHELASTIC_RUN_ID\""},
+                                  dir.file(fmt::format("agent{}.log", node)), kToken));
+  }
+  ASSERT_TRUE(wait_all(agents, 120s)) << read_file(dir / "agent0.log") << read_file(dir / "agent1.log");
+  for (auto& a : agents) ASSERT_EQ(a.exit_code(), 0) << a.log();
+  const auto made = wait_for_text(dir.file("agent0.log"), "run id ([0-9a-f]{12}) \\(fresh for this job", 1s);
+  ASSERT_EQ(made.size(), 2u) << agents[0].log();
+  EXPECT_THAT(agents[0].log(), HasSubstr("[rank 0] run=" + made[1]));
+  EXPECT_THAT(agents[1].log(), HasSubstr("[rank 1] run=" + made[1]));
+  EXPECT_THAT(agents[1].log(), HasSubstr("run id " + made[1] + " (fresh for this job"));
+  // An agent given another --rdzv-id than the host's stops at once, saying so.
+  std::vector<Spawned> host{start_launch({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", endpoint,
+                                          "--rdzv-id", "a", "--log-dir", dir.file("logs0")},
+                                         {"/bin/true"}, dir.file("host.log"), kToken)};
+  ASSERT_FALSE(wait_for_text(dir.file("host.log"), "waiting for 2 node", 30s).empty()) << read_file(dir / "host.log");
+  const CommandResult other = run_command(fmt::format(
+      "DTRAIN_TOKEN=shared-node-secret timeout -s KILL 60 {} --nnodes 2 --node-rank 1 --rdzv-endpoint {} --rdzv-id b "
+      "--log-dir {} -- /bin/true", launcher(), endpoint, dir.file("logs1")));
+  ::kill(host[0].pid, SIGTERM);
+  wait_all(host, 30s);
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_THAT(other.output, HasSubstr("--rdzv-id b differs from the run id a of the agent hosting the store"));
 }
 
 }  // namespace
