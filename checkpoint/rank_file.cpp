@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 #include "checkpoint/shard_format.h"
 #include "core/error.h"
 

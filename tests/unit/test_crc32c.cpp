@@ -1,4 +1,4 @@
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 
 #include <cstdint>
 #include <cstring>
@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-namespace dtrain::checkpoint {
+namespace dtrain {
 namespace {
 
 TEST(Crc32c, Rfc3720Vectors) {
@@ -62,4 +62,4 @@ TEST(Crc32c, ThreeStreamPathMatchesTableOnLongInputs) {
 }
 
 }  // namespace
-}  // namespace dtrain::checkpoint
+}  // namespace dtrain

@@ -1,4 +1,4 @@
-#include "checkpoint/crc32c.h"
+#include "core/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace dtrain::checkpoint {
+namespace dtrain {
 namespace {
 
 constexpr std::uint32_t kPolyReflected = 0x82F63B78;
@@ -135,4 +135,4 @@ std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc) {
 }
 #endif
 
-}  // namespace dtrain::checkpoint
+}  // namespace dtrain
