@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian package dtrain needs to build, test and run its
-# examples, then ONNX Runtime and onnx from PyPI into the project's virtual
-# environment .venv/ (pinned: scripts/requirements-onnx.txt), which the ONNX
-# export's tests and benchmarks run models with. Idempotent: packages already
+# examples, then ONNX Runtime, onnx and TensorBoard from PyPI into the
+# project's virtual environment .venv/ (pinned: scripts/requirements.txt),
+# which the ONNX export's tests and benchmarks run models with and the
+# TensorBoard tests read event files with. Idempotent: packages already
 # present are left as they are, and .venv is rebuilt only when the pins change.
 # Usage: scripts/setup.sh [--bench]   (--bench adds what bench/'s PyTorch comparisons
 # need beyond the tests' PyTorch)
@@ -18,7 +19,7 @@ packages=(
   libboost-dev libgloo-dev openmpi-bin libopenmpi-dev
   # ONNX export (export/): protobuf classes, checker, shape inference
   libonnx-dev
-  # .venv/ for ONNX Runtime
+  # .venv/ for ONNX Runtime and TensorBoard
   python3-venv
   # tests: a real Slurm cluster (tests/cluster), network namespaces, and PyTorch
   # for dtrain-launch's torchrun contract (tests/integration/test_launch_torchrun.cpp)
@@ -50,10 +51,10 @@ else
 fi
 
 # Debian's interpreter, not a version manager's shim that may be first on PATH.
-requirements=scripts/requirements-onnx.txt
-stamp=.venv/requirements-onnx.txt
+requirements=scripts/requirements.txt
+stamp=.venv/requirements.txt
 if [[ -x .venv/bin/python ]] && cmp -s "$requirements" "$stamp"; then
-  echo "setup: .venv has ONNX Runtime ($(grep -m1 '^onnxruntime==' "$requirements"))"
+  echo "setup: .venv has its pinned packages ($(grep -m1 '^onnxruntime==' "$requirements"), $(grep -m1 '^tensorboard==' "$requirements"))"
 else
   echo "setup: installing $requirements into .venv/"
   /usr/bin/python3 -m venv .venv
