@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -149,6 +150,11 @@ void validate_training(const config::Config& c) {
   at_least(t.eval_every(), 0, "train.eval_every");
   at_least(t.eval_batches(), 1, "train.eval_batches");
   if (t.out_dir().empty()) fail("train.out_dir", "is empty; set a directory for the run's outputs");
+  at_least(t.histogram_every(), 0, "train.histogram_every");
+  if (t.histogram_every() > 0 && t.tensorboard_dir().empty()) {
+    fail("train.histogram_every", "histograms go to TensorBoard's event files, but train.tensorboard_dir is \"\" "
+                                  "(off); set train.tensorboard_dir or train.histogram_every=0");
+  }
   if (const auto traced = parse_trace_steps(t.trace_steps()); traced && traced->first > t.steps()) {
     fail("train.trace_steps", fmt::format("starts at step {} but the run has {} steps; trace steps within 1..{}",
                                           traced->first, t.steps(), t.steps()));
@@ -216,6 +222,7 @@ void apply_defaults(config::Config& c, std::string_view run_name) {
   if (t.out_dir().empty()) {
     t.set_out_dir(fmt::format("runs/{}", run_name.empty() ? "default" : run_name));
   }
+  if (!t.has_tensorboard_dir()) t.set_tensorboard_dir((std::filesystem::path(t.out_dir()) / "tensorboard").string());
 
   config::Parallel& p = *c.mutable_parallel();
   if (p.backend().empty()) p.set_backend("auto");

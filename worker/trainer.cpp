@@ -9,12 +9,14 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/process.h"
 #include "nn/adamw.h"
 #include "nn/cpu/matmul.h"
 #include "worker/heartbeat.h"
 #include "worker/metrics_publisher.h"
 #include "worker/precision.h"
 #include "worker/signals.h"
+#include "worker/tensorboard.h"
 #include "worker/trace.h"
 
 namespace dtrain::worker {
@@ -214,13 +216,14 @@ TrainSummary Trainer::run() {
   log_run_facts();
   const auto start = Clock::now();
   const std::int64_t first_step = step_;  // a resumed run counts only the steps it runs
-  double window_seconds = 0.0;
+  double window_seconds = 0.0, window_exposed = 0.0;
   std::int64_t window_steps = 0;
   double timed_seconds = 0.0;  // all steps but the first, which pays one-time set-up
   StepResult r;
   while (step_ < t.steps()) {
     r = step();
     window_seconds += r.seconds;
+    window_exposed += engine_->comm_stats().exposed_seconds;
     ++window_steps;
     if (r.step > first_step + 1) timed_seconds += r.seconds;
     if (r.step % t.log_every() == 0 || r.step == t.steps()) {
@@ -228,9 +231,11 @@ TrainSummary Trainer::run() {
       const double tps = static_cast<double>(tokens_per_step()) * 1e3 / step_ms;
       if (metrics_) metrics_->log_step(r.step, r.loss, r.lr, r.grad_norm, tps, step_ms);
       log_progress(r, tps, step_ms, seconds_since(start), r.step - first_step);
-      window_seconds = 0.0;
+      log_tensorboard(r, tps, step_ms, window_exposed / static_cast<double>(window_steps));
+      window_seconds = window_exposed = 0.0;
       window_steps = 0;
     }
+    if (histograms_due(r.step)) TensorBoardLog::log_histograms(*engine_, r.step, tensorboard_.get());
     if (options_.after_step && r.stop_signal == 0) options_.after_step(r);
     const auto checkpoint_start = Clock::now();
     if (checkpoint_after(r) && tracer_) tracer_->span("checkpoint", checkpoint_start, Clock::now());
@@ -240,6 +245,7 @@ TrainSummary Trainer::run() {
       const EvalResult e = evaluate();
       if (tracer_) tracer_->span("eval", eval_start, Clock::now());
       if (metrics_) metrics_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
+      if (tensorboard_) tensorboard_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
       log_eval(e);
       if (options_.live_metrics != nullptr) options_.live_metrics->record_eval(e.loss, e.accuracy);
       if (r.step == t.steps()) summary.final_eval = e;
@@ -260,6 +266,7 @@ TrainSummary Trainer::run() {
   // "end" means train.steps were reached: a run stopped by a signal resumes
   // later and appends to the same file, which then reads as one run.
   if (metrics_ && summary.stopped_by_signal == 0) metrics_->log_end(step_, r.loss);
+  if (tensorboard_) tensorboard_->flush();
   summary.steps = step_;
   summary.steps_run = step_ - first_step;
   summary.final_loss = r.loss;
@@ -279,6 +286,7 @@ EvalResult Trainer::evaluate_checkpoint() {
   }
   const EvalResult e = evaluate();
   if (metrics_) metrics_->log_eval(step_, e.loss, e.accuracy, e.perplexity);
+  if (tensorboard_) tensorboard_->log_eval(step_, e.loss, e.accuracy, e.perplexity);
   log_eval(e);
   return e;
 }
@@ -344,6 +352,21 @@ void Trainer::log_progress(const StepResult& r, double tokens_per_s, double step
       timestamp(), r.step, std::to_string(total).size(), total, r.loss, r.lr, r.grad_norm, tokens_per_s,
       step_ms, format_duration(eta));
   options_.console->flush();
+}
+
+// The figures of metrics.jsonl's step line, and those only TensorBoard gets.
+void Trainer::log_tensorboard(const StepResult& r, double tokens_per_s, double step_ms, double exposed_s) {
+  if (!tensorboard_) return;
+  tensorboard_->log_step(r.step, {r.loss, r.lr, r.grad_norm, tokens_per_s, step_ms,
+                                  model_config_.flops_per_token(seq_) * tokens_per_s / 1e12, 1e3 * exposed_s,
+                                  peak_rss_mb()});
+}
+
+// Every rank asks (ZeRO-3 gathers the parameters with every rank).
+bool Trainer::histograms_due(std::int64_t step) const {
+  const config::Train& t = config_.train();
+  return options_.write_outputs && !t.tensorboard_dir().empty() && t.histogram_every() > 0 &&
+         step % t.histogram_every() == 0;
 }
 
 void Trainer::log_eval(const EvalResult& e) {

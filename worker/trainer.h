@@ -32,10 +32,11 @@ namespace dtrain::worker {
 struct StepResult;
 class Heartbeat;
 class LiveMetrics;
+class TensorBoardLog;
 class Tracer;
 
 struct TrainerOptions {
-  bool write_outputs = true;    // out_dir/config.json and metrics.jsonl (rank 0 only)
+  bool write_outputs = true;    // out_dir/config.json, metrics.jsonl, TensorBoard events (rank 0 only)
   std::ostream* console = nullptr;  // progress lines (rank 0 only); null = silent
   // The ranks this trainer trains with; null: a single process (the trainer
   // makes a world of one). With device cuda it carries only host-side
@@ -160,11 +161,14 @@ class Trainer {
   void resume_checkpoint();
   void make_loaders(const data::DatasetPair& datasets);
   void open_outputs();
+  void open_tensorboard();
 
   bool checkpoint_after(const StepResult& r);  // whether it saved (or started a save)
   void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed,
                     std::int64_t steps_run);
   void log_eval(const EvalResult& e);
+  void log_tensorboard(const StepResult& r, double tokens_per_s, double step_ms, double exposed_s);
+  bool histograms_due(std::int64_t step) const;
   void log_run_facts() const;
   void note_saves();
   std::string timestamp() const;
@@ -200,6 +204,7 @@ class Trainer {
   std::unique_ptr<data::Loader> train_loader_;
   std::unique_ptr<data::Loader> val_loader_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<TensorBoardLog> tensorboard_;  // rank 0, train.tensorboard_dir
   nn::LrSchedule schedule_;
   std::int64_t step_ = 0;
   std::int64_t optimizer_steps_ = 0;  // updates applied (AdamW's t): steps minus skipped fp16 steps

@@ -1,6 +1,7 @@
 // Trainer's set-up: the device and the communicator its memory travels on,
 // the engine and the model, the resume, the data loaders and the outputs.
 #include <fstream>
+#include <iostream>
 #include <string_view>
 
 #include "comm/connect.h"
@@ -11,6 +12,7 @@
 #include "nn/cuda_device.h"
 #include "worker/config.h"
 #include "worker/precision.h"
+#include "worker/tensorboard.h"
 #include "worker/trace.h"
 #include "worker/trainer.h"
 
@@ -243,6 +245,7 @@ void Trainer::open_outputs() {
     std::ofstream out(cfg_path);
     out << config_to_json(config_);
     if (!out.flush()) throw IoError(fmt::format("cannot write '{}'", cfg_path.string()));
+    open_tensorboard();
   }
   if (const std::optional<TraceSteps> traced = parse_trace_steps(t.trace_steps())) {
     make_directory(t.out_dir(), "train.out_dir");
@@ -251,6 +254,21 @@ void Trainer::open_outputs() {
         comm_->rank(), *traced, layout_.num_blocks(), t.grad_accum_steps(),
         std::filesystem::absolute(t.out_dir(), ec) / fmt::format("trace_rank_{}.json", comm_->rank()), *engine_);
     comm_->set_op_observer(tracer_.get());
+  }
+}
+
+// A resumed or restarted run writes a new file that starts at its first
+// step, where TensorBoard drops the steps an earlier file logged past it.
+void Trainer::open_tensorboard() {
+  const config::Train& t = config_.train();
+  if (t.tensorboard_dir().empty()) return;
+  const bool continuing = resumed_.has_value() || options_.restart > 0;
+  tensorboard_ = std::make_unique<TensorBoardLog>(t.tensorboard_dir(),
+                                                  continuing ? std::optional<std::int64_t>(step_ + 1) : std::nullopt,
+                                                  config_to_json(config_), std::cerr);
+  if (t.histogram_every() > 0 && !TensorBoardLog::gradient_histograms(*engine_) && options_.console != nullptr) {
+    *options_.console << "note: train.histogram_every writes weight histograms only: gradients are whole on every "
+                         "rank only at ZeRO stage 0 without fp16 loss scaling\n";
   }
 }
 

@@ -32,8 +32,6 @@
 
 namespace dtrain::testing {
 
-inline std::string venv_python() { return source_dir() + "/.venv/bin/python"; }
-
 // Fails the current test unless the virtual environment with ONNX Runtime exists.
 inline void require_onnx_runtime() {
   if (!std::filesystem::exists(venv_python())) {

@@ -31,6 +31,9 @@ inline std::string source_dir() { return test_dir("DTRAIN_TEST_SOURCE_DIR", DTRA
 // Helper programs of multi-process tests (tests/programs/).
 inline std::string program_dir() { return test_dir("DTRAIN_TEST_PROGRAM_DIR", DTRAIN_TEST_PROGRAM_DIR); }
 
+// The project's Python (.venv/, made by scripts/setup.sh: ONNX Runtime, TensorBoard).
+inline std::string venv_python() { return source_dir() + "/.venv/bin/python"; }
+
 inline CommandResult run_command(const std::string& command) {
   CommandResult result;
   FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
