@@ -36,13 +36,21 @@ void add_histogram(tensorboard::Summary& summary, const std::string& tag, std::s
 TensorBoardLog::TensorBoardLog(const std::filesystem::path& dir, std::optional<std::int64_t> session_start,
                                const std::string& config_json, std::ostream& warnings,
                                telemetry::EventFileOptions options)
-    : dir_(dir), warnings_(warnings) {
+    : dir_(dir), warnings_(warnings), session_start_(session_start), config_(as_code_block(config_json)) {
   guarded([&] {
     writer_ = std::make_unique<telemetry::EventFileWriter>(dir_, std::move(options));
-    if (session_start) writer_->add_session_start(*session_start);
-    writer_->add_text(session_start.value_or(0), "config", as_code_block(config_json));
+    if (!session_start_) writer_->add_text(0, "config", config_);
     writer_->flush();
   });
+}
+
+// Before the first step's records, not at opening: a process that trains
+// nothing (--eval-only on an older step, a finished run) drops no step.
+void TensorBoardLog::start_session() {
+  if (!session_start_) return;
+  writer_->add_session_start(*session_start_);
+  writer_->add_text(*session_start_, "config", config_);
+  session_start_.reset();
 }
 
 TensorBoardLog::~TensorBoardLog() { flush(); }
@@ -73,6 +81,7 @@ void TensorBoardLog::log_step(std::int64_t step, const StepScalars& s) {
       {"memory/peak_rss_mib", s.peak_rss_mib},
   }};
   guarded([&] {
+    start_session();
     writer_->add_scalars(step, values);
     writer_->flush();
   });
@@ -104,6 +113,7 @@ void TensorBoardLog::log_histograms(sharding::Engine& engine, std::int64_t step,
   const nn::BlockPointers pointers = with_grads ? engine.pointers() : nn::BlockPointers{};
   std::vector<float> grads;
   log->guarded([&] {
+    log->start_session();
     log->writer_->add_summary(step, [&](tensorboard::Summary& summary) {
       for (int b = 0; b < layout.num_blocks(); ++b) {
         const nn::BlockSpec& block = layout.blocks()[static_cast<std::size_t>(b)];

@@ -39,10 +39,11 @@ struct StepScalars {
 class TensorBoardLog {
  public:
   // Opens a new event file in `dir`. `session_start`: the first step this
-  // run writes, when the folder may hold an earlier run's later steps (a
-  // resume or a restart): a SessionLog START there makes TensorBoard drop
-  // them. Then the config (JSON) as the text summary "config" at step 0, or
-  // at `session_start` (a reader keeps every session's: they may differ).
+  // run trains, when the folder may hold an earlier run's later steps (a
+  // resume or a restart): before this run's first step records, a SessionLog
+  // START there makes TensorBoard drop them. The config (JSON) is the text
+  // summary "config" at step 0, or at `session_start` (a reader keeps every
+  // session's: they may differ).
   TensorBoardLog(const std::filesystem::path& dir, std::optional<std::int64_t> session_start,
                  const std::string& config_json, std::ostream& warnings,
                  telemetry::EventFileOptions options = {});
@@ -66,9 +67,12 @@ class TensorBoardLog {
   // Runs `write`; an IoError turns the log off with the one warning.
   template <typename Write>
   void guarded(Write&& write);
+  void start_session();  // REQUIRES: on()
 
   std::filesystem::path dir_;
   std::ostream& warnings_;
+  std::optional<std::int64_t> session_start_;  // until written
+  std::string config_;                         // the config as Markdown
   std::unique_ptr<telemetry::EventFileWriter> writer_;
 };
 

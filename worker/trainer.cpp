@@ -286,8 +286,7 @@ EvalResult Trainer::evaluate_checkpoint() {
   }
   const EvalResult e = evaluate();
   if (metrics_) metrics_->log_eval(step_, e.loss, e.accuracy, e.perplexity);
-  if (tensorboard_) tensorboard_->log_eval(step_, e.loss, e.accuracy, e.perplexity);
-  log_eval(e);
+  log_eval(e);  // not in TensorBoard, whose steps are the training's: a second value at a step it may have
   return e;
 }
 

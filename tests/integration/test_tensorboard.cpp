@@ -198,6 +198,15 @@ TEST(TensorBoard, AKilledAndResumedRunShowsOneValuePerStep) {
   ASSERT_EQ(tb["texts"]["config"].size(), 2u);
   EXPECT_EQ(tb["texts"]["config"][0][0], 0);
   EXPECT_EQ(tb["texts"]["config"][1][0], 11);
+
+  // Scoring an older step (--eval-only) trains nothing: it drops no step and adds no value.
+  const CommandResult eval = run_command(fmt::format("{} --eval-only --set checkpoint.resume={}", resume,
+                                                     (out / "checkpoints" / "step_000000010").string()));
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  const Json after = tensorboard_read(out / "tensorboard", dir);
+  EXPECT_EQ(series(after, "scalars", "loss/train"), loss);
+  const auto eval_loss = series(after, "scalars", "loss/eval");
+  EXPECT_EQ(eval_loss.size(), 3u) << "evals at 10, 20, 30";
 }
 
 TEST(TensorBoard, OurBytesAreTensorBoardsOwnWritersForTheSameScalars) {
