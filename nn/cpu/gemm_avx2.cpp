@@ -91,7 +91,7 @@ inline void transpose8(__m256 r[8]) {
 // transpose8; the stores of a panel of 6 write 8 floats, the next k's store
 // (or the next panel, or the slack) takes the 2 extra.
 void pack_rows_along_k(const float* src, std::int64_t ld, std::int64_t width, std::int64_t kc,
-                                   std::int64_t panel, float* dst) {
+                       std::int64_t panel, float* dst) {
   for (std::int64_t h = 0; h < panel; h += 8) {
     const float* rows[8];
     static const float zeros[8] = {};
@@ -128,7 +128,7 @@ void pack_rows_along_k(const float* src, std::int64_t ld, std::int64_t width, st
 constexpr std::int64_t kRowsAhead = 16;
 template <std::int64_t kPanel>
 void pack_along_rows(const float* src, std::int64_t ld, std::int64_t width, std::int64_t kc,
-                                 float* dst) {
+                     float* dst) {
   const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const auto first = [&](std::int64_t count) {  // lanes [0, count)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), lanes);
@@ -161,7 +161,7 @@ void pack_along_rows(const float* src, std::int64_t ld, std::int64_t width, std:
 
 // op(A) rows [i0, i0 + mc), k [p0, p0 + kc) -> panels of kMR rows, [kc][kMR] each.
 void pack_a(const View& a, std::int64_t i0, std::int64_t mc, std::int64_t p0, std::int64_t kc,
-                        float* dst) {
+            float* dst) {
   if (a.trans) {
     pack_along_rows<kMR>(a.p + p0 * a.ld + i0, a.ld, mc, kc, dst);
     return;
@@ -173,7 +173,7 @@ void pack_a(const View& a, std::int64_t i0, std::int64_t mc, std::int64_t p0, st
 
 // op(B) k [p0, p0 + kc), columns [j0, j0 + nc) -> panels of kNR columns, [kc][kNR] each.
 void pack_b(const View& b, std::int64_t p0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
-                        float* dst) {
+            float* dst) {
   if (!b.trans) {
     pack_along_rows<kNR>(b.p + p0 * b.ld + j0, b.ld, nc, kc, dst);
     return;
@@ -196,7 +196,7 @@ struct Epilogue {
 // packed panel, a[r] = panel + r; kStep = 1: A as stored, one row each).
 template <std::int64_t kStep>
 void tile(std::int64_t kc, const float* const a[kMR], const float* b, float* c, std::int64_t ldc,
-                      const Epilogue& e) {
+          const Epilogue& e) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (std::int64_t i = 0; i < kMR; ++i) {
@@ -238,7 +238,7 @@ void tile(std::int64_t kc, const float* const a[kMR], const float* b, float* c, 
 // A tile of rows x cols (at most 6 x 16) through a full tile in registers.
 template <std::int64_t kStep>
 void edge_tile(std::int64_t kc, const float* const a[kMR], const float* b, float* c, std::int64_t ldc,
-                           std::int64_t rows, std::int64_t cols, Epilogue e) {
+               std::int64_t rows, std::int64_t cols, Epilogue e) {
   alignas(32) float t[kMR * kNR] = {};
   alignas(32) float bias[kNR] = {};
   if (e.bias != nullptr) {
@@ -255,7 +255,7 @@ void edge_tile(std::int64_t kc, const float* const a[kMR], const float* b, float
 // (packed B panels pb), A as a[r] gives it (see tile).
 template <std::int64_t kStep, class RowsOfA>
 void tiles(std::int64_t mc, std::int64_t nc, std::int64_t kc, RowsOfA rows_of_a, const float* pb,
-                       float* c, std::int64_t ldc, const float* bias, float alpha, bool add_c) {
+           float* c, std::int64_t ldc, const float* bias, float alpha, bool add_c) {
   for (std::int64_t jr = 0; jr < nc; jr += kNR) {
     const std::int64_t cols = std::min(kNR, nc - jr);
     const Epilogue e{alpha, bias != nullptr ? bias + jr : nullptr, add_c};
@@ -278,8 +278,8 @@ void tiles(std::int64_t mc, std::int64_t nc, std::int64_t kc, RowsOfA rows_of_a,
 // (reads_a_as_stored): packing it would cost more than its reuse over so few
 // columns saves.
 void block_product(const Gemm& g, const View& a, const View& b, float* c, std::int64_t ldc,
-                               const float* bias, std::int64_t i0, std::int64_t i1, std::int64_t j0,
-                               std::int64_t j1) {
+                   const float* bias, std::int64_t i0, std::int64_t i1, std::int64_t j0,
+                   std::int64_t j1) {
   Scratch& s = scratch();
   const bool direct = !a.trans && reads_a_as_stored(g.n, g.k);
   for (std::int64_t jc = j0; jc < j1; jc += kNC) {
