@@ -12,18 +12,12 @@
 
 #include <dnnl.hpp>
 
-// GCC 12 reports its own unpack intrinsics' undefined pass-through operand.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include "core/aligned_buffer.h"
 #include "core/error.h"
 #include "nn/cpu/convert.h"
 #include "nn/cpu/gemm_avx2.h"
-#include "nn/cpu/isa.h"
 #include "nn/cpu/kernel_profile.h"
+#include "nn/cpu/weight_pack.h"
 
 namespace dtrain::nn::cpu {
 namespace {
@@ -61,101 +55,6 @@ struct KeyHash {
   }
 };
 
-// B [k, n] into oneDNN's BA16a64b (f32) or BA16a64b2a (bf16), the layouts
-// its brgemm matmuls pick for a weight on AVX-512: blocks of 64 n by 16 k
-// (f32) or 32 k as 16 pairs k, k + 1 innermost (bf16), the n-blocks
-// outermost. As 32-bit words (an f32, or a bf16 pair) each n-block is then a
-// row-major [words, 64] array, its k-blocks one after another. B is stored
-// row by row (b + k * ld), or with trans column by column (b + n * ld: a
-// linear layer's weight in its forward), where the copy is a transpose of
-// words. oneDNN 2.6's reorders into these layouts took 0.13-0.41 ms per MiB
-// here, the transposing ones slowest; these loops 0.055 (rows) and 0.083
-// (transpose) for f32. REQUIRES k a multiple of the k-block, n of 64.
-constexpr std::int64_t kPackN = 64;
-
-// AVX-512 code, compiled for it whatever the build's baseline and called only
-// where cpu_isa().avx512 (the layouts above are AVX-512 brgemm's alone).
-#define DTRAIN_AVX512 __attribute__((target("avx512f")))
-
-// Rows r[0..16) of 16 words each become the columns.
-DTRAIN_AVX512 inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 16; i += 8) {
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
-  }
-}
-
-// Words [0, whole) of 16 columns, 16 at a time: whole is a multiple of 16.
-DTRAIN_AVX512 void transpose_columns16(const std::uint32_t* src, std::int64_t ld, std::int64_t whole,
-                                       std::uint32_t* dst) {
-  for (std::int64_t w0 = 0; w0 < whole; w0 += 16) {
-    __m512i r[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ld + w0);
-    transpose16(r);
-    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + (w0 + i) * kPackN, r[i]);
-  }
-}
-
-// dst[n-block][w][j] = src[(n-block * 64 + j) * ld + w] for w < words.
-void pack_transposed_words(const std::uint32_t* src, std::int64_t ld, std::int64_t words, std::int64_t n,
-                           std::uint32_t* dst) {
-  const std::int64_t whole = cpu_isa().avx512 ? words / 16 * 16 : 0;
-  for (std::int64_t n0 = 0; n0 < n; n0 += kPackN, dst += words * kPackN) {
-    for (std::int64_t j0 = 0; j0 < kPackN; j0 += 16) {
-      if (whole > 0) transpose_columns16(src + (n0 + j0) * ld, ld, whole, dst + j0);
-      for (std::int64_t j = j0; j < j0 + 16; ++j) {
-        const std::uint32_t* column = src + (n0 + j) * ld;
-        for (std::int64_t w = whole; w < words; ++w) dst[w * kPackN + j] = column[w];
-      }
-    }
-  }
-}
-
-void pack_f32(const float* b, bool trans, std::int64_t k, std::int64_t n, std::int64_t ld, float* dst) {
-  if (trans) {
-    pack_transposed_words(reinterpret_cast<const std::uint32_t*>(b), ld, k, n, reinterpret_cast<std::uint32_t*>(dst));
-    return;
-  }
-  for (std::int64_t n0 = 0; n0 < n; n0 += kPackN) {
-    for (std::int64_t kk = 0; kk < k; ++kk, dst += kPackN) {
-      std::memcpy(dst, b + kk * ld + n0, kPackN * sizeof(float));
-    }
-  }
-}
-
-void pack_bf16(const std::uint16_t* b, bool trans, std::int64_t k, std::int64_t n, std::int64_t ld,
-               std::uint16_t* dst) {
-  auto* out = reinterpret_cast<std::uint32_t*>(dst);
-  if (trans) {
-    pack_transposed_words(reinterpret_cast<const std::uint32_t*>(b), ld / 2, k / 2, n, out);
-    return;
-  }
-  for (std::int64_t n0 = 0; n0 < n; n0 += kPackN) {
-    for (std::int64_t kk = 0; kk < k; kk += 2, out += kPackN) {
-      const std::uint16_t* even = b + kk * ld + n0;
-      const std::uint16_t* odd = even + ld;
-      for (std::int64_t j = 0; j < kPackN; ++j) out[j] = std::uint32_t{even[j]} | std::uint32_t{odd[j]} << 16;
-    }
-  }
-}
-
 // One cached primitive with its memory objects and argument array, so that a
 // call only swaps data handles.
 struct Entry {
@@ -171,7 +70,7 @@ struct Entry {
   bool widen = false;
   std::int64_t extent_a = 0, extent_b = 0, extent_c = 0;
   // packed_b: B as stored -> B in the primitive's layout (`b`), of packed_bytes:
-  // by pack_f32 or pack_bf16 where that layout is one they write
+  // by pack_weight_f32 or pack_weight_bf16 (weight_pack.h) where that layout is one they write
   // (blocked_pack), else by oneDNN's reorder.
   dnnl::reorder pack;
   dnnl::memory b_stored;
@@ -379,7 +278,7 @@ std::unique_ptr<Entry> create_entry(const Key& key) {
     // Any ldb: the copy loops read B's rows at ldb (bf16's transposing copy in
     // 32-bit words, so an even ldb there).
     const bool whole_words = g.b_type != DType::bf16 || !g.trans_b || g.ldb % 2 == 0;
-    if (g.batch == 1 && whole_words && g.n % kPackN == 0) {
+    if (g.batch == 1 && whole_words && g.n % kWeightPackN == 0) {
       if (g.b_type == DType::f32 && g.k % 16 == 0 &&
           pd.weights_desc() == dnnl::memory::desc(dims, type(g.b_type), tag::BA16a64b)) {
         entry->blocked_pack = 1;
@@ -584,10 +483,11 @@ const void* packed(const Gemm& g, bool with_bias, Entry& e, const void* b, std::
                           static_cast<double>(e.b_stored.get_desc().get_size() + e.packed_bytes));
   const std::int64_t ld = g.ldb != 0 ? g.ldb : (g.trans_b ? g.k : g.n);
   if (e.blocked_pack == 1) {
-    pack_f32(static_cast<const float*>(b), g.trans_b, g.k, g.n, ld, reinterpret_cast<float*>(p.data.data()));
+    pack_weight_f32(static_cast<const float*>(b), g.trans_b, g.k, g.n, ld,
+                    reinterpret_cast<float*>(p.data.data()));
   } else if (e.blocked_pack == 2) {
-    pack_bf16(static_cast<const std::uint16_t*>(b), g.trans_b, g.k, g.n, ld,
-              reinterpret_cast<std::uint16_t*>(p.data.data()));
+    pack_weight_bf16(static_cast<const std::uint16_t*>(b), g.trans_b, g.k, g.n, ld,
+                     reinterpret_cast<std::uint16_t*>(p.data.data()));
   } else {
     check_status(dnnl_memory_set_data_handle_v2(e.b_stored.get(), const_cast<void*>(b), nullptr),
                  "set_data_handle(stored B)", g);
