@@ -18,8 +18,12 @@ void token_embedding_forward(const std::int32_t* tokens, const float* table, con
             tok, b, t, vocab));
       }
       const float* e = table + static_cast<std::int64_t>(tok) * d;
-      const float* p = pos + t * d;
       float* o = out + (b * seq + t) * d;
+      if (pos == nullptr) {
+        for (std::int64_t j = 0; j < d; ++j) o[j] = e[j];
+        continue;
+      }
+      const float* p = pos + t * d;
       for (std::int64_t j = 0; j < d; ++j) o[j] = e[j] + p[j];
     }
   }
@@ -32,6 +36,10 @@ void token_embedding_backward(const std::int32_t* tokens, const float* d_out, fl
     for (std::int64_t t = 0; t < seq; ++t) {
       const float* g = d_out + (b * seq + t) * d;
       float* e = d_table + static_cast<std::int64_t>(tokens[b * seq + t]) * d;
+      if (d_pos == nullptr) {
+        for (std::int64_t j = 0; j < d; ++j) e[j] += g[j];
+        continue;
+      }
       float* p = d_pos + t * d;
       for (std::int64_t j = 0; j < d; ++j) {
         e[j] += g[j];

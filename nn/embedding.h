@@ -7,13 +7,14 @@
 
 namespace dtrain::nn {
 
-// tokens: [B, T] (each < vocab); table: [vocab, d]; pos: [>= T, d]; out: [B, T, d].
+// tokens: [B, T] (each < vocab); table: [vocab, d]; pos: [>= T, d], or null
+// (rotary positions: the embedding alone); out: [B, T, d].
 // Throws dtrain::Error naming the token and position if a token is out of range.
 void token_embedding_forward(const std::int32_t* tokens, const float* table, const float* pos,
                              float* out, std::int64_t batch, std::int64_t seq, std::int64_t d,
                              std::int64_t vocab);
 
-// d_out: [B, T, d]; d_table (rows of the tokens) and d_pos ([T, d]) are added to.
+// d_out: [B, T, d]; d_table (rows of the tokens) and d_pos ([T, d], unless null) are added to.
 void token_embedding_backward(const std::int32_t* tokens, const float* d_out, float* d_table,
                               float* d_pos, std::int64_t batch, std::int64_t seq, std::int64_t d);
 

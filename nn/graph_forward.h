@@ -1,6 +1,6 @@
 // nn::Graph (nn/graph.h): construction, inputs, forward and the loss
 // read-back. Included by the files that instantiate Graph for a device.
-//   x_mid = x + drop(proj(attn(ln1(x)))); x_out = x_mid + drop(fc2(gelu(fc1(ln2(x_mid)))))
+//   x_mid = x + drop(proj(attn(norm1(x)))); x_out = x_mid + drop(fc2(act(fc1(norm2(x_mid)))))
 #pragma once
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "nn/dropout.h"
 #include "nn/graph.h"
+#include "nn/rotary.h"
 
 namespace dtrain::nn {
 
@@ -22,7 +23,7 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
       acts_(device, config, batch, seq_len,
             K::attention_scratch(batch * config.n_heads, seq_len,
                                  config.n_heads > 0 ? config.d_model / config.n_heads : 0),
-            K::row_stride(config.d_ff, config.d_model)),
+            MlpStrides{K::row_stride(config.fc1_width(), config.d_model), K::row_stride(config.d_ff, config.d_model)}),
       inputs_(device, config.input == ModelConfig::Input::tokens ? static_cast<std::size_t>(batch * seq_len) : 0,
               config.input == ModelConfig::Input::patches
                   ? static_cast<std::size_t>(batch * seq_len * config.patch_dim)
@@ -36,6 +37,25 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
     throw ConfigError("model.max_seq_len", fmt::format("sequences of {} are longer than max_seq_len {}",
                                                        seq_len, config.max_seq_len));
   }
+  if (config.n_kv_heads < 0 || config.n_heads % config.kv_heads() != 0) {
+    throw ConfigError("model.n_kv_heads", fmt::format("{} key/value heads do not divide n_heads {}",
+                                                      config.kv_heads(), config.n_heads));
+  }
+  if (config.position == ModelConfig::Position::rope) {
+    const std::int64_t hd = config.head_dim();
+    if (hd % 2 != 0) throw ConfigError("model.position", fmt::format("rope needs an even head size, not {}", hd));
+    if (!(config.rope_theta > 0)) throw ConfigError("model.rope_theta", "must be > 0");
+    const auto table = static_cast<std::size_t>(config.max_seq_len * hd / 2);
+    HostArray<float> cos(device, table), sin(device, table);
+    rope_table(config.rope_theta, hd, config.max_seq_len, cos.data(), sin.data());
+    rope_cos_ = DeviceArray<float>(device, table);
+    rope_sin_ = DeviceArray<float>(device, table);
+    device.copy(rope_cos_.data(), cos.data(), cos.bytes());
+    device.copy(rope_sin_.data(), sin.data(), sin.bytes());
+    device.synchronize();  // the host tables go out of scope
+  }
+  lp_ = layer_params(config);
+  final_norm_ = final_norm_params(config);
   set_span(Span{batch, seq_len, 0});
   reset_result();
 }
@@ -243,7 +263,9 @@ template <class K>
 void Graph<K>::embed_forward(bool training) {
   const ModelConfig& c = config();
   const bool by_token = c.input == ModelConfig::Input::tokens;
-  const float* pos = param(by_token ? 1 : 2, false) + span_.position * c.d_model;
+  // Learned positions follow the embedding (rotary ones rotate q and k in the attention).
+  const bool learned = c.position == ModelConfig::Position::learned;
+  const float* pos = learned ? param(by_token ? 1 : 2, false) + span_.position * c.d_model : nullptr;
   float* out = acts_.resid[0].data();
   if (by_token) {
     k_.token_embedding_forward(inputs_.tokens.data(), param(0, false), pos, out, span_.batch, span_.seq, c.d_model,
@@ -256,67 +278,130 @@ void Graph<K>::embed_forward(bool training) {
 }
 
 template <class K>
-void Graph<K>::residual_branch(const T* x, int weight, int bias, const float* base, float* out, std::int64_t in,
-                               std::int64_t site, std::int64_t x_stride) {
+void Graph<K>::residual_branch(const T* x, int weight, const float* bias, const float* base, float* out,
+                               std::int64_t in, std::int64_t site, std::int64_t x_stride) {
   const std::int64_t n = tokens(), d = config().d_model;
   const LinearRows rows{.in = x_stride};
   if (dropout_active_) {  // the branch needs its own buffer to be dropped before the residual add
     float* branch = acts_.d_tmp.data();
-    k_.linear_forward(x, matrix(weight), param(bias, false), branch, n, in, d, false, weights_version(weight), rows);
+    k_.linear_forward(x, matrix(weight), bias, branch, n, in, d, false, weights_version(weight), rows);
     k_.dropout(branch, n * d, config().dropout, key_for(site));
     k_.residual(base, branch, out, n * d);
     return;
   }
   // The residual is added by the GEMM's accumulation into the copy of base
   // that the LayerNorm before it wrote (residual_copy).
-  k_.linear_forward(x, matrix(weight), param(bias, false), out, n, in, d, true, weights_version(weight), rows);
+  k_.linear_forward(x, matrix(weight), bias, out, n, in, d, true, weights_version(weight), rows);
 }
 
 template <class K>
 void Graph<K>::layer_forward(int l, bool training) {
-  Layer& L = acts_.layers[static_cast<std::size_t>(l)];
+  Layer& L = acts_.layer(l);
   const int base = layout_.blocks()[static_cast<std::size_t>(l + 1)].first_param;
-  auto w = [&](int i) { return param(base + i, false); };  // f32: norms, biases
-  const std::int64_t n = tokens(), d = config().d_model, ff = config().d_ff, ffs = acts_.ff_stride;
+  const std::int64_t d = config().d_model;
   const float* x = acts_.resid[static_cast<std::size_t>(l)].data();
   float* out = acts_.resid[static_cast<std::size_t>(l) + 1].data();
+  norm_forward(base, lp_.norm1, x, L.norm1.y.data(), L.norm1.mean.data(), L.norm1.rstd.data(),
+               residual_copy(L.mid.data()));
+  attention_forward(l, base, L);
+  residual_branch(L.attn.out.data(), base + lp_.proj.weight, param_at(base, lp_.proj.bias, false), x, L.mid.data(),
+                  d, 2 * l);
+  norm_forward(base, lp_.norm2, L.mid.data(), L.norm2.y.data(), L.norm2.mean.data(), L.norm2.rstd.data(),
+               residual_copy(out));
+  mlp_forward(base, L, training);
+  residual_branch(acts_.mlp_out(L), base + lp_.fc2.weight, param_at(base, lp_.fc2.bias, false), L.mid.data(), out,
+                  config().d_ff, 2 * l + 1, acts_.strides.a);
+}
 
-  k_.layernorm_forward(x, w(kLn1W), w(kLn1B), L.ln1.data(), L.ln1_mean.data(), L.ln1_rstd.data(), n, d,
-                       residual_copy(L.mid.data()));
-  const AttentionSaved<T> saved{L.q.data(), L.k.data(), L.v.data(), L.lse.data()};
+template <class K>
+template <class E>
+void Graph<K>::norm_forward(int base, NormParams p, const float* x, E* y, float* mean, float* rstd, float* x_copy) {
+  const ModelConfig& c = config();
+  const float* w = param(base + p.weight, false);
+  if (c.norm == ModelConfig::Norm::rmsnorm) {
+    k_.rmsnorm_forward(x, w, y, rstd, tokens(), c.d_model, c.norm_eps, x_copy);
+  } else {
+    k_.layernorm_forward(x, w, param_at(base, p.bias, false), y, mean, rstd, tokens(), c.d_model, x_copy,
+                         c.norm_eps);
+  }
+}
+
+template <class K>
+bool Graph<K>::reshapes_heads() const {
+  return config().position == ModelConfig::Position::rope || config().kv_heads() != config().n_heads;
+}
+
+template <class K>
+HeadsShape Graph<K>::heads_shape() const {
+  const ModelConfig& c = config();
+  return HeadsShape{span_.batch, span_.seq, c.n_heads, c.kv_heads(), c.head_dim(), span_.position};
+}
+
+// The projection writes straight into the heads the core reads where the
+// kernel set can (attention_project) and nothing sits between them;
+// otherwise into the interleaved qkv, through qkv_heads_forward first
+// (rotary positions, grouped heads: the packed projection goes to d_qkv,
+// which forward does not use).
+template <class K>
+void Graph<K>::attention_forward(int l, int base, Layer& L) {
+  const ModelConfig& c = config();
+  const std::int64_t n = tokens(), d = c.d_model;
+  const int weight = base + lp_.qkv.weight;
+  const float* bias = param_at(base, lp_.qkv.bias, false);
+  const AttentionSaved<T> saved{L.attn.q.data(), L.attn.k.data(), L.attn.v.data(), L.attn.lse.data()};
+  const bool reshape = reshapes_heads();
   const T* qkv = acts_.qkv.data();
-  if constexpr (requires { &K::attention_project; }) {  // the projection writes the heads attention reads
-    if (!decoding_) {
-      k_.attention_project(attn_shape_, L.ln1.data(), matrix(base + kQkvW), w(kQkvB), weights_version(base + kQkvW),
-                           saved);
+  if constexpr (requires { &K::attention_project; }) {
+    if (!decoding_ && !reshape) {
+      k_.attention_project(attn_shape_, L.norm1.y.data(), matrix(weight), bias, weights_version(weight), saved);
       qkv = nullptr;
     }
   }
   if (qkv != nullptr) {
-    k_.linear_forward(L.ln1.data(), matrix(base + kQkvW), w(kQkvB), acts_.qkv.data(), n, d, 3 * d, false,
-                      weights_version(base + kQkvW));
+    T* packed = reshape ? acts_.d_qkv.data() : acts_.qkv.data();
+    k_.linear_forward(L.norm1.y.data(), matrix(weight), bias, packed, n, d, c.qkv_width(), false,
+                      weights_version(weight));
+    if (reshape) k_.qkv_heads_forward(heads_shape(), packed, acts_.qkv.data(), rope_cos_.data(), rope_sin_.data());
   }
   if constexpr (requires { &K::attention_cached; }) {
     if (decoding_) {
-      const std::int64_t capacity = config().max_seq_len, layer = static_cast<std::int64_t>(l) * capacity * d;
+      const std::int64_t capacity = c.max_seq_len, layer = static_cast<std::int64_t>(l) * capacity * d;
       k_.attention_cached(attn_shape_, span_.position, capacity, qkv, k_cache_.data() + layer,
-                          v_cache_.data() + layer, L.attn.data(), cache_scores_.data());
+                          v_cache_.data() + layer, L.attn.out.data(), cache_scores_.data());
     }
   }
-  if (!decoding_) k_.attention_forward(attn_shape_, qkv, L.attn.data(), saved, acts_.attention_scratch());
-  residual_branch(L.attn.data(), base + kProjW, base + kProjB, x, L.mid.data(), d, 2 * l);
-  k_.layernorm_forward(L.mid.data(), w(kLn2W), w(kLn2B), L.ln2.data(), L.ln2_mean.data(), L.ln2_rstd.data(), n,
-                       d, residual_copy(out));
-  k_.linear_forward(L.ln2.data(), matrix(base + kFc1W), w(kFc1B), L.h.data(), n, d, ff, false,
-                    weights_version(base + kFc1W), LinearRows{.out = ffs});
-  // h is overwritten by gelu'(h): backward needs only the derivative. Rows
-  // ffs apart: the padding columns, which nothing reads, go through GELU too
-  // (zeros at first, then GELU's finite outputs).
-  k_.gelu_forward(L.h.data(), L.a.data(), training ? L.h.data() : nullptr, n * ffs);
-  residual_branch(L.a.data(), base + kFc2W, base + kFc2B, L.mid.data(), out, ff, 2 * l + 1, ffs);
+  if (!decoding_) k_.attention_forward(attn_shape_, qkv, L.attn.out.data(), saved, acts_.attention_scratch());
 }
 
-// lm: logits (f32) = lnf(x) (storage T) . W^T, W the head or the tied
+// GELU overwrites h with gelu'(h) when training (backward needs only the
+// derivative), unless selective recompute keeps h to compute the activation
+// again in backward. Rows h_stride apart: the padding columns, which
+// nothing reads, go through GELU too (zeros at first, then GELU's finite
+// outputs).
+template <class K>
+void Graph<K>::mlp_forward(int base, Layer& L, bool training) {
+  const ModelConfig& c = config();
+  const std::int64_t n = tokens(), hs = acts_.strides.h;
+  const int weight = base + lp_.fc1.weight;
+  T* h = L.mlp.h.data();
+  T* a = acts_.mlp_out(L);
+  k_.linear_forward(L.norm2.y.data(), matrix(weight), param_at(base, lp_.fc1.bias, false), h, n, c.d_model,
+                    c.fc1_width(), false, weights_version(weight), LinearRows{.out = hs});
+  if (c.mlp == ModelConfig::Mlp::swiglu) {
+    k_.swiglu_forward(h, a, n, c.d_ff, hs, acts_.strides.a);
+    return;
+  }
+  const bool keep_h = c.recompute == Recompute::selective;
+  k_.gelu_forward(h, a, training && !keep_h ? h : nullptr, n * hs,
+                  c.mlp == ModelConfig::Mlp::gelu_tanh ? GeluForm::tanh : GeluForm::erf);
+}
+
+template <class K>
+int Graph<K>::head_param(int k) const {
+  return layout_.blocks().back().first_param + (final_norm_.bias >= 0 ? 2 : 1) + k;
+}
+
+// lm: logits (f32) = normf(x) (storage T) . W^T, W the head or the tied
 // embedding, one tile of rows at a time (ModelConfig::logits_tile_rows),
 // each tile's loss taken (or its logits copied out) before the next tile
 // reuses the buffer. The classifier's small head stays f32 in every
@@ -335,8 +420,7 @@ void Graph<K>::head_forward(float* host_logits) {
     }
   };
   if (lm()) {
-    k_.layernorm_forward(x, param(base, false), param(base + 1, false), acts_.lnf.data(), acts_.lnf_mean.data(),
-                         acts_.lnf_rstd.data(), n, d);
+    norm_forward(base, final_norm_, x, acts_.lnf.data(), acts_.lnf_mean.data(), acts_.lnf_rstd.data(), nullptr);
     for (std::int64_t first = 0; first < n; first += acts_.logits_rows) {
       const std::int64_t count = std::min(acts_.logits_rows, n - first);
       head_logits(first, count);
@@ -344,18 +428,18 @@ void Graph<K>::head_forward(float* host_logits) {
     }
     return;
   }
-  k_.layernorm_forward(x, param(base, false), param(base + 1, false), acts_.lnf32.data(), acts_.lnf_mean.data(),
-                       acts_.lnf_rstd.data(), n, d);
+  norm_forward(base, final_norm_, x, acts_.lnf32.data(), acts_.lnf_mean.data(), acts_.lnf_rstd.data(), nullptr);
   k_.mean_pool_forward(acts_.lnf32.data(), acts_.pooled.data(), span_.batch, span_.seq, d);
-  k_.linear_forward(static_cast<const float*>(acts_.pooled.data()), param(base + 2, false), param(base + 3, false),
-                    acts_.logits.data(), span_.batch, d, v, false, weights_version(base + 2));
+  k_.linear_forward(static_cast<const float*>(acts_.pooled.data()), param(head_param(0), false),
+                    param(head_param(1), false), acts_.logits.data(), span_.batch, d, v, false,
+                    weights_version(head_param(0)));
   finish(0, span_.batch);
 }
 
 template <class K>
 void Graph<K>::head_logits(std::int64_t first, std::int64_t count) {
   const std::int64_t d = config().d_model;
-  const int index = config().tie_embeddings ? 0 : layout_.blocks().back().first_param + 2;
+  const int index = config().tie_embeddings ? 0 : head_param(0);
   k_.linear_forward(acts_.lnf.data() + first * d, matrix(index), static_cast<const float*>(nullptr),
                     acts_.logits.data(), count, d, config().vocab_size, false, weights_version(index));
 }

@@ -1,5 +1,7 @@
 #include "nn/transformer.h"
 
+#include "nn/blocks.h"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -13,7 +15,7 @@ std::int64_t ModelConfig::logits_rows(std::int64_t tokens) const {
 
 std::int64_t ModelConfig::matmul_params() const {
   const std::int64_t d = d_model;
-  const std::int64_t per_layer = 3 * d * d + d * d + 2 * d * d_ff;
+  const std::int64_t per_layer = qkv_width() * d + d * d + fc1_width() * d + d * d_ff;
   return n_layers * per_layer + outputs() * d;
 }
 
@@ -23,39 +25,25 @@ double ModelConfig::flops_per_token(std::int64_t seq_len) const {
 }
 
 ParameterLayout declare_parameters(const ModelConfig& c) {
-  const std::int64_t d = c.d_model;
   ParameterLayout layout;
   layout.begin_block("embeddings");
   if (c.input == ModelConfig::Input::tokens) {
-    layout.add("tok_emb", {c.vocab_size, d}, Init::normal, true);
+    layout.add("tok_emb", {c.vocab_size, c.d_model}, Init::normal, true);
   } else {
-    layout.add("patch.weight", {d, c.patch_dim}, Init::normal, true);
-    layout.add("patch.bias", {d}, Init::zeros, false);
+    layout.add("patch.weight", {c.d_model, c.patch_dim}, Init::normal, true);
+    layout.add("patch.bias", {c.d_model}, Init::zeros, false);
   }
-  layout.add("pos_emb", {c.max_seq_len, d}, Init::normal, true);
+  if (c.position == ModelConfig::Position::learned) layout.add("pos_emb", {c.max_seq_len, c.d_model}, Init::normal, true);
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = fmt::format("layer.{}.", l);
     layout.begin_block(fmt::format("layer.{}", l));
-    layout.add(p + "ln1.weight", {d}, Init::ones, false);
-    layout.add(p + "ln1.bias", {d}, Init::zeros, false);
-    layout.add(p + "qkv.weight", {3 * d, d}, Init::normal, true);
-    layout.add(p + "qkv.bias", {3 * d}, Init::zeros, false);
-    layout.add(p + "proj.weight", {d, d}, Init::normal, true);
-    layout.add(p + "proj.bias", {d}, Init::zeros, false);
-    layout.add(p + "ln2.weight", {d}, Init::ones, false);
-    layout.add(p + "ln2.bias", {d}, Init::zeros, false);
-    layout.add(p + "fc1.weight", {c.d_ff, d}, Init::normal, true);
-    layout.add(p + "fc1.bias", {c.d_ff}, Init::zeros, false);
-    layout.add(p + "fc2.weight", {d, c.d_ff}, Init::normal, true);
-    layout.add(p + "fc2.bias", {d}, Init::zeros, false);
+    declare_layer(layout, fmt::format("layer.{}.", l), c);
   }
   layout.begin_block("head");
-  layout.add("lnf.weight", {d}, Init::ones, false);
-  layout.add("lnf.bias", {d}, Init::zeros, false);
+  declare_norm(layout, "lnf", c);
   if (c.kind == ModelConfig::Kind::lm) {
-    if (!c.tie_embeddings) layout.add("head.weight", {c.vocab_size, d}, Init::normal, true);
+    if (!c.tie_embeddings) layout.add("head.weight", {c.vocab_size, c.d_model}, Init::normal, true);
   } else {
-    layout.add("cls.weight", {c.num_classes, d}, Init::normal, true);
+    layout.add("cls.weight", {c.num_classes, c.d_model}, Init::normal, true);
     layout.add("cls.bias", {c.num_classes}, Init::zeros, false);
   }
   return layout;

@@ -1,15 +1,22 @@
-// The Transformer models of dtrain: `classifier` (embeddings -> pre-LN encoder
-// -> final LayerNorm -> mean pool -> linear) and `lm` (decoder-only causal LM:
-// embeddings -> pre-LN causal blocks -> final LayerNorm -> linear over the
+// The Transformer models of dtrain: `classifier` (embeddings -> pre-norm
+// encoder -> final norm -> mean pool -> linear) and `lm` (decoder-only causal
+// LM: embeddings -> pre-norm causal blocks -> final norm -> linear over the
 // vocabulary, optionally tied to the token embedding).
 //
-// Parameters are declared in a fixed order and grouped into blocks:
+// The block is composed of pieces the config chooses (ModelConfig: norm,
+// position, mlp, n_kv_heads, bias): today's GPT-2-like block (LayerNorm,
+// learned positions, GELU, biases) by default, the LLaMA family's (RMSNorm,
+// rotary positions, SwiGLU, grouped-query attention, no biases) by options.
+// Each piece declares its own parameters (nn/blocks.h), so a block's
+// parameters follow from its pieces, grouped into blocks:
 //   block 0            "embeddings": tok_emb [V, d] (or patch.weight [d, p], patch.bias [d]),
-//                                    pos_emb [max_seq, d]
-//   block 1 + l        "layer.l":    ln1.{weight,bias}, qkv.{weight [3d, d], bias}, proj.{weight
-//                                    [d, d], bias}, ln2.{weight,bias}, fc1.{weight [ff, d], bias},
+//                                    pos_emb [max_seq, d] (learned positions only)
+//   block 1 + l        "layer.l":    ln1.{weight, bias}, qkv.{weight [(H + 2 Hkv) hd, d], bias},
+//                                    proj.{weight [d, d], bias}, ln2.{weight, bias},
+//                                    fc1.{weight [ff or 2 ff (swiglu: gate, then up), d], bias},
 //                                    fc2.{weight [d, ff], bias}
-//   block n_layers + 1 "head":       lnf.{weight,bias}, then head.weight [V, d] (lm, untied) or
+//                                    (norm biases: layernorm only; linear biases: model.bias only)
+//   block n_layers + 1 "head":       lnf.{weight, bias}, then head.weight [V, d] (lm, untied) or
 //                                    cls.weight [C, d], cls.bias [C] (classifier)
 // A model owns activations (allocated once for its micro-batch shape, on its
 // device), never parameters: bind() hands it one flat pointer per block (and,
@@ -46,6 +53,23 @@ struct ModelConfig {
   std::int64_t patch_dim = 0;  // pixels per patch (patches input)
   float dropout = 0.0f;
   bool tie_embeddings = false;
+  // The block's pieces (nn/blocks.h).
+  enum class Norm : std::uint8_t { layernorm, rmsnorm };
+  enum class Position : std::uint8_t { learned, rope };
+  enum class Mlp : std::uint8_t { gelu, gelu_tanh, swiglu };
+  Norm norm = Norm::layernorm;
+  float norm_eps = 1e-5f;
+  Position position = Position::learned;
+  double rope_theta = 10000.0;  // rope: f_i = theta^(-2i / head_dim)
+  Mlp mlp = Mlp::gelu;
+  std::int64_t n_kv_heads = 0;  // key/value heads (grouped-query attention); 0: n_heads
+  bool bias = true;             // linear layers carry biases
+  // Activation recompute: none keeps every activation backward reads;
+  // selective recomputes attention's probabilities (always: its backward
+  // recomputes P from the log-sum-exp) and the MLP's activation in backward;
+  // full keeps each layer's input and recomputes the whole layer in backward.
+  enum class Recompute : std::uint8_t { none, selective, full };
+  Recompute recompute = Recompute::none;
   // f32, or bf16 / f16 for mixed precision: matmuls read 16-bit copies of the
   // weights (BlockPointers::compute) and 16-bit activations and accumulate in
   // f32; norms, softmax, GELU and the loss compute in f32; parameter gradients
@@ -64,6 +88,12 @@ struct ModelConfig {
   static constexpr std::int64_t kLogitsTileBytes = std::int64_t{256} << 20;
 
   std::int64_t outputs() const { return kind == Kind::lm ? vocab_size : num_classes; }
+  std::int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  std::int64_t head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
+  // Columns of the QKV projection: H query heads, then Hkv key and Hkv value heads.
+  std::int64_t qkv_width() const { return (n_heads + 2 * kv_heads()) * head_dim(); }
+  // Columns of the MLP's first projection: d_ff, or the gate's and the up projection's for SwiGLU.
+  std::int64_t fc1_width() const { return mlp == Mlp::swiglu ? 2 * d_ff : d_ff; }
   // Rows per logits tile for micro-batches of `tokens` tokens (the
   // classifier's head is one tile of its batch rows).
   std::int64_t logits_rows(std::int64_t tokens) const;
@@ -152,13 +182,13 @@ class Model {
 // What Model::activation_bytes() of this model would be, computed without
 // allocating: a dry run's figure. The buffers are the same on every device
 // but for the attention scratch a GPU's kernel set asks for (attention_scratch:
-// nn::gpu_attention_scratch on a GPU) and the row stride of the d_ff-wide
-// activations (ff_stride; 0: the CPU's, cpu::activation_row_stride; a GPU's
-// rows are dense, d_ff).
+// nn::gpu_attention_scratch on a GPU) and the row stride of the MLP's wide
+// activations (row_pad: columns added to each of their rows; -1: the CPU's,
+// cpu::activation_row_stride; a GPU's rows are dense, 0).
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout,
                                       std::int64_t batch, std::int64_t seq_len,
                                       AttentionScratchKind attention_scratch = AttentionScratchKind::none,
-                                      std::int64_t ff_stride = 0);
+                                      std::int64_t row_pad = -1);
 
 // One forward's result on its own: reset_result(), forward(), collect().
 ForwardResult forward_once(Model& model, const ModelInputs& inputs, BlockHooks& hooks, bool training,

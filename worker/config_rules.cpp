@@ -66,6 +66,37 @@ void one_of(const std::string& value, std::initializer_list<std::string_view> op
                           value));
 }
 
+// The block's options (nn::ModelConfig): each value one of its kind, the
+// shapes they need.
+void validate_block(const config::Model& m) {
+  one_of(m.norm(), {"layernorm", "rmsnorm"}, "model.norm");
+  positive(m.norm_eps(), "model.norm_eps");
+  one_of(m.position(), {"learned", "rope"}, "model.position");
+  one_of(m.mlp(), {"gelu", "gelu_tanh", "swiglu"}, "model.mlp");
+  one_of(m.recompute(), {"none", "selective", "full"}, "model.recompute");
+  at_least(m.n_kv_heads(), 1, "model.n_kv_heads");
+  if (m.n_heads() > 0 && m.n_heads() % m.n_kv_heads() != 0) {
+    fail("model.n_kv_heads", fmt::format("{} key/value heads do not divide model.n_heads ({}); each key/value "
+                                         "head serves a group of query heads: set n_kv_heads to a divisor of "
+                                         "n_heads (n_heads itself: plain multi-head attention; 1: multi-query)",
+                                         m.n_kv_heads(), m.n_heads()));
+  }
+  if (m.position() == "rope") {
+    positive(m.rope_theta(), "model.rope_theta");
+    const std::int64_t head_dim = m.n_heads() > 0 ? m.d_model() / m.n_heads() : 0;
+    if (head_dim % 2 != 0) {
+      fail("model.position", fmt::format("rotary positions rotate pairs of a head's dimensions, but the head "
+                                         "size d_model / n_heads = {} is odd; choose d_model and n_heads so it "
+                                         "is even, or model.position \"learned\"",
+                                         head_dim));
+    }
+  }
+  if (m.input() == "patches" && m.position() == "rope") {
+    fail("model.position", "rotary positions are for causal token models; the patch classifier uses "
+                           "\"learned\" positions");
+  }
+}
+
 void validate_model(const config::Config& c) {
   const config::Model& m = c.model();
   one_of(m.kind(), {"classifier", "lm"}, "model.kind");
@@ -95,6 +126,7 @@ void validate_model(const config::Config& c) {
     }
   }
   in_range(m.dropout(), 0, 1, /*hi_inclusive=*/false, "model.dropout");
+  validate_block(m);
   if (m.tie_embeddings() && !lm) {
     fail("model.tie_embeddings", "only an lm has a token embedding to share with its head; "
                                  "set it to false");
@@ -197,6 +229,14 @@ void apply_defaults(config::Config& c, std::string_view run_name) {
   if (m.d_ff() == 0 && m.d_model() > 0 && m.d_model() <= INT_MAX / 4) m.set_d_ff(4 * m.d_model());
   if (m.max_seq_len() == 0) m.set_max_seq_len(d.seq_len());
   if (m.input().empty()) m.set_input("tokens");
+  if (m.norm().empty()) m.set_norm("layernorm");
+  if (!m.has_norm_eps()) m.set_norm_eps(1e-5f);
+  if (m.position().empty()) m.set_position("learned");
+  if (!m.has_rope_theta()) m.set_rope_theta(10000.0f);
+  if (m.mlp().empty()) m.set_mlp("gelu");
+  if (m.n_kv_heads() == 0) m.set_n_kv_heads(m.n_heads());
+  if (!m.has_bias()) m.set_bias(true);
+  if (m.recompute().empty()) m.set_recompute("none");
   if (!d.has_shuffle()) d.set_shuffle(true);
   if (d.prefetch() == 0) d.set_prefetch(4);
   if (d.path().empty() && d.kind() == "fashion_mnist") d.set_path(std::string(kFashionMnistPath));

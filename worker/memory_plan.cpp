@@ -87,7 +87,7 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
       plan.on_device ? nn::gpu_attention_scratch(c.train().micro_batch_size() * model.n_heads, seq_len,
                                                  model.d_model / std::max(model.n_heads, std::int64_t{1}))
                      : nn::AttentionScratchKind::none,
-      plan.on_device ? model.d_ff : 0);
+      plan.on_device ? 0 : -1);
   plan.loader_bytes = loader_bytes(c, seq_len, c.data().prefetch()) + loader_bytes(c, seq_len, 0);
   // Resident now: the process, its data and, on the host, oneDNN's kernels
   // and the buffers it keeps between calls (its sgemm's, on AVX2: 10 MiB at

@@ -102,6 +102,18 @@ nn::ModelConfig model_config(const config::Config& c) {
   mc.patch_dim = static_cast<std::int64_t>(m.patch_size()) * m.patch_size();
   mc.dropout = m.dropout();
   mc.tie_embeddings = m.tie_embeddings();
+  mc.norm = m.norm() == "rmsnorm" ? nn::ModelConfig::Norm::rmsnorm : nn::ModelConfig::Norm::layernorm;
+  mc.norm_eps = m.has_norm_eps() ? m.norm_eps() : 1e-5f;
+  mc.position = m.position() == "rope" ? nn::ModelConfig::Position::rope : nn::ModelConfig::Position::learned;
+  mc.rope_theta = m.has_rope_theta() ? m.rope_theta() : 10000.0;
+  mc.mlp = m.mlp() == "swiglu"      ? nn::ModelConfig::Mlp::swiglu
+           : m.mlp() == "gelu_tanh" ? nn::ModelConfig::Mlp::gelu_tanh
+                                    : nn::ModelConfig::Mlp::gelu;
+  mc.n_kv_heads = m.n_kv_heads();
+  mc.bias = !m.has_bias() || m.bias();
+  mc.recompute = m.recompute() == "full"        ? nn::ModelConfig::Recompute::full
+                 : m.recompute() == "selective" ? nn::ModelConfig::Recompute::selective
+                                                : nn::ModelConfig::Recompute::none;
   mc.compute = compute_dtype(c);
   return mc;
 }

@@ -74,20 +74,22 @@ class CountingDevice final : public Device {
 
 std::int64_t planned_activation_bytes(const ModelConfig& config, const ParameterLayout& layout, std::int64_t batch,
                                       std::int64_t seq_len, AttentionScratchKind attention_scratch,
-                                      std::int64_t ff_stride) {
+                                      std::int64_t row_pad) {
   CountingDevice counting;
   cpu::HostDevice host;  // the kernels' device: never called while the graph is built
-  // Only the storage type changes the sizes; the scratch and another row
-  // stride are added on their own.
+  // Only the storage type changes the sizes; the scratch and other row
+  // strides are added on their own.
   auto plan = [&]<class F>(F) {
     const std::int64_t graph = Graph<cpu::HostKernels<F>>(counting, cpu::HostKernels<F>(host), config, layout,
                                                           batch, seq_len)
                                    .activation_bytes();
     using Acts = GraphActivations<typename F::T>;
-    const std::int64_t host_stride = cpu::HostKernels<F>::row_stride(config.d_ff, config.d_model);
-    const std::int64_t stride = ff_stride != 0 ? ff_stride : host_stride;
-    return graph + Acts(counting, config, batch, seq_len, attention_scratch, stride).bytes() -
-           Acts(counting, config, batch, seq_len, AttentionScratchKind::none, host_stride).bytes();
+    using Kernels = cpu::HostKernels<F>;
+    const MlpStrides host{Kernels::row_stride(config.fc1_width(), config.d_model),
+                          Kernels::row_stride(config.d_ff, config.d_model)};
+    const MlpStrides planned = row_pad < 0 ? host : MlpStrides{config.fc1_width() + row_pad, config.d_ff + row_pad};
+    return graph + Acts(counting, config, batch, seq_len, attention_scratch, planned).bytes() -
+           Acts(counting, config, batch, seq_len, AttentionScratchKind::none, host).bytes();
   };
   return config.compute == DType::f32 ? plan(cpu::F32Format{}) : plan(cpu::Bf16Format{});
 }

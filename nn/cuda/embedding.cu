@@ -14,7 +14,7 @@ __global__ void token_embedding_forward_kernel(const std::int32_t* tokens, const
                                                float* out, std::int64_t seq, std::int64_t d, std::int64_t total) {
   for_each_index(total, [=](std::int64_t i) {
     const std::int64_t row = i / d, j = i % d;
-    out[i] = table[static_cast<std::int64_t>(tokens[row]) * d + j] + pos[(row % seq) * d + j];
+    out[i] = table[static_cast<std::int64_t>(tokens[row]) * d + j] + (pos != nullptr ? pos[(row % seq) * d + j] : 0.0f);
   });
 }
 
@@ -67,7 +67,7 @@ void token_embedding_backward(const std::int32_t* tokens, const float* d_out, fl
                               std::int64_t batch, std::int64_t seq, std::int64_t d, cudaStream_t stream) {
   const std::int64_t total = batch * seq * d;
   launch(token_embedding_backward_kernel, total, stream, tokens, d_out, d_table, d, total);
-  add_positions_backward(d_out, d_pos, batch, seq, d, stream);
+  if (d_pos != nullptr) add_positions_backward(d_out, d_pos, batch, seq, d, stream);
 }
 
 void add_positions_forward(const float* pos, float* out, std::int64_t batch, std::int64_t seq, std::int64_t d,

@@ -642,9 +642,9 @@ TEST(Transformer, PaddedFeedForwardRowsTrainAsDenseRows) {
     randomize(dense, 4);
     EXPECT_EQ(padded.model->activation_bytes() - dense.model->activation_bytes(),
               16 * B * T * 4 * (2 * c.n_layers + 1));  // h and a per layer, d_h
-    EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T, AttentionScratchKind::none, c.d_ff + 16),
+    EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T, AttentionScratchKind::none, 16),
               padded.model->activation_bytes());
-    EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T, AttentionScratchKind::none, c.d_ff),
+    EXPECT_EQ(planned_activation_bytes(c, padded.layout, B, T, AttentionScratchKind::none, 0),
               dense.model->activation_bytes());
     AdamWHyper hyper;
     hyper.lr = 1e-2f;
