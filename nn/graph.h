@@ -172,7 +172,7 @@ class Graph final : public Model {
   Span span_;
   AttentionShape attn_shape_;
   bool decoding_ = false;
-  DeviceArray<T> k_cache_, v_cache_;  // decode: [n_layers][heads][max_seq_len][head_dim]
+  DeviceArray<T> k_cache_, v_cache_;  // decode: [n_layers][kv_heads][max_seq_len][head_dim]
   DeviceArray<float> cache_scores_;   // decode: one row of scores over the cache
   LayerParams lp_;          // a layer block's pieces' parameters (counted from the block's first)
   NormParams final_norm_;   // the head block's final norm's
