@@ -47,9 +47,11 @@
 #include "nn/attention.h"
 #include "nn/blocks.h"
 #include "nn/device.h"
+#include "nn/gelu_form.h"
 #include "nn/graph_buffers.h"
 #include "nn/hooks.h"
 #include "nn/parameters.h"
+#include "nn/rotary.h"
 #include "nn/transformer.h"
 
 namespace dtrain::nn {
