@@ -8,13 +8,16 @@
 #include <cstdint>
 
 #include "nn/cpu/convert.h"
+#include "nn/gelu_form.h"
 
 namespace dtrain::nn {
 
 // x, y, dydx: [n]. y = gelu(x); dydx = gelu'(x) (null skips it). dydx may
 // alias x (the pre-activation is overwritten by its derivative); y may not.
+// form: the erf form or GPT-2's tanh approximation (nn/gelu_form.h).
 template <class F = cpu::F32Format>
-void gelu_forward(const typename F::T* x, typename F::T* y, typename F::T* dydx, std::int64_t n);
+void gelu_forward(const typename F::T* x, typename F::T* y, typename F::T* dydx, std::int64_t n,
+                  GeluForm form = GeluForm::erf);
 
 // dy, dydx, dx: [n, c], rows ld apart (0: c). dx = dy * dydx, with dydx from
 // gelu_forward; dx may alias dy. dbias: [c] or null; when given, the column

@@ -22,6 +22,9 @@
 #include "nn/gelu.h"
 #include "nn/layernorm.h"
 #include "nn/linear.h"
+#include "nn/rmsnorm.h"
+#include "nn/rotary.h"
+#include "nn/swiglu.h"
 
 namespace dtrain::nn::cpu {
 
@@ -43,10 +46,10 @@ class HostKernels {
   // x, w, b read; y, mean, rstd (and x_copy, when given) written.
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
-                         std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
+                         std::int64_t n, std::int64_t c, float* x_copy = nullptr, float eps = kLayerNormEps) {
     const double bytes = f32((x_copy != nullptr ? 2 : 1) * n * c + 2 * c + 2 * n) + elements<E>(n * c);
     dev_->run(KernelKind::layernorm_forward, bytes,
-              [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c, x_copy); });
+              [=] { nn::layernorm_forward<Fmt<E>>(x, w, b, y, mean, rstd, n, c, x_copy, eps); });
   }
   // dy, x, w, mean, rstd read; dx written (and read when accumulated); dw, db updated; dx_sums written.
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
@@ -55,6 +58,46 @@ class HostKernels {
     const double bytes = f32((accumulate_dx ? 4 : 3) * n * c + 6 * c + 2 * n);
     dev_->run(KernelKind::layernorm_backward, bytes,
               [=] { nn::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, n, c, accumulate_dx, dx_sums); });
+  }
+
+  // RMSNorm (nn/rmsnorm.h): as the layernorm's, without the mean and the bias.
+  template <class E>
+  void rmsnorm_forward(const float* x, const float* w, E* y, float* rstd, std::int64_t n, std::int64_t c, float eps,
+                       float* x_copy = nullptr) {
+    const double bytes = f32((x_copy != nullptr ? 2 : 1) * n * c + c + n) + elements<E>(n * c);
+    dev_->run(KernelKind::rmsnorm_forward, bytes,
+              [=] { nn::rmsnorm_forward<Fmt<E>>(x, w, y, rstd, n, c, eps, x_copy); });
+  }
+  void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                        std::int64_t n, std::int64_t c, bool accumulate_dx) {
+    const double bytes = f32((accumulate_dx ? 4 : 3) * n * c + 3 * c + n);
+    dev_->run(KernelKind::rmsnorm_backward, bytes,
+              [=] { nn::rmsnorm_backward(dy, x, w, rstd, dx, dw, n, c, accumulate_dx); });
+  }
+
+  // Rotary positions and grouped heads between the QKV projection and attention (nn/rotary.h).
+  void qkv_heads_forward(const HeadsShape& s, const T* packed, T* qkv, const float* cos, const float* sin) {
+    const std::int64_t rows = s.batch * s.seq, hd = s.head_dim;
+    dev_->run(KernelKind::rotary_forward, elements<T>(rows * (s.packed_width() + 3 * s.heads * hd)),
+              [=] { nn::qkv_heads_forward<F>(s, packed, qkv, cos, sin); });
+  }
+  void qkv_heads_backward(const HeadsShape& s, const T* d_qkv, T* d_packed, const float* cos, const float* sin,
+                          float* d_bias = nullptr) {
+    const std::int64_t rows = s.batch * s.seq, hd = s.head_dim;
+    dev_->run(KernelKind::rotary_backward, elements<T>(rows * (s.packed_width() + 3 * s.heads * hd)),
+              [=] { nn::qkv_heads_backward<F>(s, d_qkv, d_packed, cos, sin, d_bias); });
+  }
+
+  // SwiGLU (nn/swiglu.h): forward reads [n, 2c] and writes [n, c]; backward reads both, writes [n, 2c].
+  void swiglu_forward(const T* h, T* a, std::int64_t n, std::int64_t c, std::int64_t ld_h = 0,
+                      std::int64_t ld_a = 0) {
+    dev_->run(KernelKind::swiglu_forward, elements<T>(3 * n * c),
+              [=] { nn::swiglu_forward<F>(h, a, n, c, ld_h, ld_a); });
+  }
+  void swiglu_backward(const T* da, const T* h, T* d_h, float* d_bias, std::int64_t n, std::int64_t c,
+                       std::int64_t ld_a = 0, std::int64_t ld_h = 0) {
+    dev_->run(KernelKind::swiglu_backward, elements<T>(5 * n * c) + (d_bias != nullptr ? f32(4 * c) : 0.0),
+              [=] { nn::swiglu_backward<F>(da, h, d_h, d_bias, n, c, ld_a, ld_h); });
   }
 
   // Untimed as a whole: the GEMMs and the bias gradient time themselves.
@@ -107,9 +150,9 @@ class HostKernels {
   }
 
   // x read, y and dydx (when given) written; backward reads two, writes one.
-  void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
+  void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n, GeluForm form = GeluForm::erf) {
     dev_->run(KernelKind::gelu_forward, elements<T>((dydx != nullptr ? 3 : 2) * n),
-              [=] { nn::gelu_forward<F>(x, y, dydx, n); });
+              [=] { nn::gelu_forward<F>(x, y, dydx, n, form); });
   }
   // Reads dy and dydx, writes dx; with dbias, reads and writes its c sums.
   void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c,

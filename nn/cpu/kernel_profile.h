@@ -38,6 +38,12 @@ enum class KernelKind : int {
   layernorm_backward,
   gelu_forward,
   gelu_backward,
+  rmsnorm_forward,
+  rmsnorm_backward,
+  swiglu_forward,
+  swiglu_backward,
+  rotary_forward,          // the heads between the QKV projection and attention: rotation, grouped heads
+  rotary_backward,
   attention_forward,       // attention's tile loop less its products: gathers, softmax, writes
   attention_backward,      // the same in backward: gathers, P from lse, softmax's backward, writes
   attention_decode,        // decode's attention over the key/value cache (work not counted)
@@ -61,7 +67,8 @@ inline constexpr int kKernelKinds = static_cast<int>(KernelKind::comm_wait) + 1;
 
 inline constexpr std::array<std::string_view, kKernelKinds> kKernelKindNames = {
     "gemm", "bias_grad", "layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward",
-    "attention_forward", "attention_backward", "attention_decode", "embedding_forward",
+    "rmsnorm_forward", "rmsnorm_backward", "swiglu_forward", "swiglu_backward", "rotary_forward",
+    "rotary_backward", "attention_forward", "attention_backward", "attention_decode", "embedding_forward",
     "embedding_backward", "mean_pool_forward", "mean_pool_backward", "cross_entropy_forward",
     "cross_entropy_backward", "dropout", "residual", "convert", "add", "sum_of_squares", "adamw", "copy",
     "zero", "comm_wait"};
