@@ -26,7 +26,8 @@ __global__ void rmsnorm_forward_kernel(const float* x, const float* weight, Stor
   if (threadIdx.x == 0) rstd[row] = s;
 }
 
-// dx = rstd * (g - x * rstd^2 * mean(g * x)), g = dy * weight; one block per row.
+// dx = rstd * (g - x * rstd^2 * mean(g * x)), g = dy * weight, as the CPU
+// arranges it: rstd g - (rstd^3 mean(g x)) x. One block per row.
 __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* weight, const float* rstd,
                                   float* dx, std::int64_t c, bool accumulate) {
   const std::int64_t row = blockIdx.x;
@@ -36,9 +37,9 @@ __global__ void rmsnorm_dx_kernel(const float* dy, const float* x, const float* 
   const float s = rstd[row];
   float sum_gx = 0.0f;
   for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) sum_gx += dyi[j] * weight[j] * xi[j];
-  const float k = s * s * (block_sum(sum_gx) / static_cast<float>(c));
+  const float k = s * s * s * (block_sum(sum_gx) * (1.0f / static_cast<float>(c)));
   for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float v = s * (dyi[j] * weight[j] - xi[j] * k);
+    const float v = s * (dyi[j] * weight[j]) - k * xi[j];
     dxi[j] = accumulate ? dxi[j] + v : v;
   }
 }

@@ -6,18 +6,16 @@
 namespace dtrain::nn::cuda {
 namespace {
 
-// sigmoid(g) and 1 - sigmoid(g), as r = 1 / (1 + e) and e r with
-// e = exp(-|g|) <= 1, one of them each by the sign of g: both keep their
-// relative accuracy where they are small (1 - s would cancel). The CPU's
-// fast_exp, so both devices agree to an ulp or two.
+// As nn/swiglu.cpp computes them, with the CPU's fast_exp, so both devices
+// agree to an ulp or two: sigmoid(g) = 1 / (1 + e), e = exp(-g), and
+// 1 - sigmoid(g) = e sigmoid(g) (no cancellation where sigmoid(g) -> 1).
 struct Sigmoid {
   float s, one_minus_s;
 };
 __device__ __forceinline__ Sigmoid sigmoid(float g) {
-  const float e = detail::fast_exp(-fabsf(g));
-  const float r = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
-  const float er = __fmul_rn(e, r);
-  return g >= 0.0f ? Sigmoid{r, er} : Sigmoid{er, r};
+  const float e = detail::fast_exp(-g);
+  const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
+  return {s, __fmul_rn(e, s)};
 }
 
 // silu'(g) = s (1 + g (1 - s)).
