@@ -281,7 +281,9 @@ def train(config, init, steps, dtype):
     params = {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in init.items()}
     names = list(o.shapes())  # a fixed order for the optimizer and the norm
     opt = config["optimizer"]
-    groups = [{"params": [params[n] for n in names if params[n].dim() >= 2], "weight_decay": float(opt["weight_decay"])},
+    # Weight decay on matrices and embeddings, none on norms and biases.
+    groups = [{"params": [params[n] for n in names if params[n].dim() >= 2],
+               "weight_decay": float(opt["weight_decay"])},
               {"params": [params[n] for n in names if params[n].dim() < 2], "weight_decay": 0.0}]
     adamw = torch.optim.AdamW(groups, lr=float(opt["lr"]), betas=(float(opt["beta1"]), float(opt["beta2"])),
                               eps=float(opt["eps"]), foreach=False)
@@ -325,7 +327,64 @@ def compare_final(final, path, options):
                       "max_diff_over_tensor_max": worst_rel}), flush=True)
 
 
+def self_check():
+    """The LLaMA pieces against closed forms, in float64; raises AssertionError."""
+    torch.manual_seed(0)
+    model = {"kind": "lm", "vocab_size": 11, "d_model": 24, "n_heads": 4, "n_layers": 1, "d_ff": 16,
+             "max_seq_len": 8, "norm": "rmsnorm", "position": "rope", "mlp": "swiglu", "bias": False}
+    o = Options(model)
+    hd, T = o.head_dim, 8
+    # Rotary: pair (i, i + hd/2) turns by position * theta^(-2i/hd), so the
+    # score of q at position a and k at position b depends on a - b only.
+    q, k = torch.randn(hd, dtype=torch.float64), torch.randn(hd, dtype=torch.float64)
+    rq = rotary(q.expand(1, 1, T, hd).contiguous(), o)[0, 0]
+    rk = rotary(k.expand(1, 1, T, hd).contiguous(), o)[0, 0]
+    scores = rq @ rk.T
+    for shift in range(1, T):
+        diagonal = torch.diagonal(scores, -shift)
+        assert torch.allclose(diagonal, diagonal[0].expand_as(diagonal), atol=1e-5), "rotary: not relative"
+    half = hd // 2
+    angle = 3 * o.rope_theta ** (-2 * torch.arange(half, dtype=torch.float64) / hd)
+    c, s = angle.cos(), angle.sin()
+    turned = torch.cat((q[:half] * c - q[half:] * s, q[half:] * c + q[:half] * s))
+    assert torch.allclose(rq[3], turned, atol=1e-5), "rotary: not the rotate-half layout"
+    # Grouped-query attention equals multi-head attention whose key/value
+    # heads are copies: query head h reads key/value head h // (H / Hkv).
+    for kv in (2, 1):
+        gqa = Options(dict(model, n_kv_heads=kv))
+        p = {"qkv.weight": torch.randn((o.heads + 2 * kv) * hd, o.d, dtype=torch.float64),
+             "proj.weight": torch.randn(o.d, o.d, dtype=torch.float64)}
+        wq, wk, wv = p["qkv.weight"].split([o.heads * hd, kv * hd, kv * hd])
+        copy = lambda w: torch.cat([w.view(kv, hd, o.d)[h // (o.heads // kv)] for h in range(o.heads)])
+        mha = {"qkv.weight": torch.cat((wq, copy(wk), copy(wv))), "proj.weight": p["proj.weight"]}
+        x = torch.randn(2, T, o.d, dtype=torch.float64)
+        assert torch.allclose(attention(x, p, "", gqa), attention(x, mha, "", o)), f"n_kv_heads {kv}"
+    # Causality: a later token does not change an earlier position's output.
+    x = torch.randn(1, T, o.d, dtype=torch.float64)
+    p = {"qkv.weight": torch.randn(3 * o.d, o.d, dtype=torch.float64),
+         "proj.weight": torch.randn(o.d, o.d, dtype=torch.float64)}
+    y = attention(x, p, "", o)
+    x[0, -1] += 1.0
+    assert torch.allclose(attention(x, p, "", o)[0, :-1], y[0, :-1]), "attention: not causal"
+    # RMSNorm and SwiGLU by their formulas.
+    w = torch.randn(o.d, dtype=torch.float64)
+    assert torch.allclose(norm(x, {"n.weight": w}, "n", o), x / (x.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * w)
+    fc1, fc2 = torch.randn(2 * o.d_ff, o.d, dtype=torch.float64), torch.randn(o.d, o.d_ff, dtype=torch.float64)
+    gate, up = x @ fc1[:o.d_ff].T, x @ fc1[o.d_ff:].T
+    expected = (gate / (1 + torch.exp(-gate)) * up) @ fc2.T
+    assert torch.allclose(mlp(x, {"fc1.weight": fc1, "fc2.weight": fc2}, "", o), expected), "swiglu"
+    tanh = Options(dict(model, mlp="gelu_tanh"))
+    h = torch.randn(100, dtype=torch.float64) * 3
+    closed = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
+    assert torch.allclose(F.gelu(h, approximate="tanh"), closed) and tanh.mlp == "gelu_tanh", "gelu_tanh"
+    print(json.dumps({"event": "self_check", "ok": True}), flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["--self-check"]:
+        torch.set_num_threads(1)
+        self_check()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="the run's resolved config.json")
     parser.add_argument("--init", required=True, help="the initial parameters (safetensors, dtrain's names)")
