@@ -1,5 +1,7 @@
 #include "nn/rotary.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -162,8 +164,9 @@ void qkv_heads_forward(const HeadsShape& shape, const typename F::T* packed, typ
   }
 }
 
-// Without d_bias, rows in parallel. With it, packed heads in parallel, each
-// over the rows in order: every column of d_bias then gets its rows added in
+// Without d_bias, rows in parallel. With it, each thread takes a range of
+// packed heads and goes over the rows in order, its heads of a row at once
+// (contiguous columns): every column of d_bias then gets its rows added in
 // order on one thread, the same sums whatever the thread count, in the same
 // single pass.
 template <class F>
@@ -173,29 +176,23 @@ void qkv_heads_backward(const HeadsShape& shape, const typename F::T* d_qkv, typ
   const std::int64_t rows = shape.batch * shape.seq, hd = shape.head_dim;
   const std::int64_t out_w = shape.packed_width(), in_w = 3 * shape.heads * hd;
   const std::int64_t packed_heads = shape.heads + 2 * shape.kv_heads;
-  if (d_bias == nullptr) {
-#pragma omp parallel if (rows * out_w >= kParallelMin)
-    {
-      std::vector<float> buf(static_cast<std::size_t>(hd));
-#pragma omp for schedule(static)
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const Angles a = angles_at(shape, cos, sin, r % shape.seq);
-        for (std::int64_t j = 0; j < packed_heads; ++j) {
-          backward_head<F>(shape, d_qkv + r * in_w, d_packed + r * out_w + j * hd, a, j, buf.data(), nullptr);
-        }
-      }
+  auto heads_of_row = [&](std::int64_t r, std::int64_t j0, std::int64_t j1, float* buf) {
+    const Angles a = angles_at(shape, cos, sin, r % shape.seq);
+    for (std::int64_t j = j0; j < j1; ++j) {
+      backward_head<F>(shape, d_qkv + r * in_w, d_packed + r * out_w + j * hd, a, j, buf,
+                       d_bias != nullptr ? d_bias + j * hd : nullptr);
     }
-    return;
-  }
+  };
 #pragma omp parallel if (rows * out_w >= kParallelMin)
   {
     std::vector<float> buf(static_cast<std::size_t>(hd));
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t j = 0; j < packed_heads; ++j) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const Angles a = angles_at(shape, cos, sin, r % shape.seq);
-        backward_head<F>(shape, d_qkv + r * in_w, d_packed + r * out_w + j * hd, a, j, buf.data(), d_bias + j * hd);
-      }
+    if (d_bias == nullptr) {
+#pragma omp for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) heads_of_row(r, 0, packed_heads, buf.data());
+    } else {
+      const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+      const std::int64_t j0 = packed_heads * t / threads, j1 = packed_heads * (t + 1) / threads;
+      for (std::int64_t r = 0; r < rows && j0 < j1; ++r) heads_of_row(r, j0, j1, buf.data());
     }
   }
 }
