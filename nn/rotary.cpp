@@ -71,10 +71,22 @@ Angles angles_at(const HeadsShape& shape, const float* cos, const float* sin, st
   return {cos + offset, sin + offset};
 }
 
-// One row (b, t) of qkv_heads_forward. buf: hd f32 (k's rotated head in f32), rounded: hd of F.
+// A head vector x of format F rotated forward into y (no overlap), as
+// rotate() in f32, each result rounded to F once.
 template <class F>
-void forward_row(const HeadsShape& shape, const typename F::T* packed, typename F::T* qkv, Angles a, float* buf,
-                 typename F::T* rounded) {
+inline void rotate_into(const typename F::T* __restrict x, typename F::T* __restrict y, const float* c,
+                        const float* s, std::int64_t half) {
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float x0 = F::load(x[i]), x1 = F::load(x[i + half]);
+    y[i] = F::store(x0 * c[i] - x1 * s[i]);
+    y[i + half] = F::store(x1 * c[i] + x0 * s[i]);
+  }
+}
+
+// One row (b, t) of qkv_heads_forward: a repeated head is rotated once into
+// its group's first slot, then copied.
+template <class F>
+void forward_row(const HeadsShape& shape, const typename F::T* packed, typename F::T* qkv, Angles a) {
   using T = typename F::T;
   const std::int64_t H = shape.heads, hkv = shape.kv_heads, hd = shape.head_dim, half = hd / 2;
   const std::int64_t group = shape.group();
@@ -82,25 +94,19 @@ void forward_row(const HeadsShape& shape, const typename F::T* packed, typename 
   T* q = qkv;
   T* k = qkv + H * hd;
   T* v = qkv + 2 * H * hd;
-  for (std::int64_t h = 0; h < H; ++h) {
-    const T* src = packed + h * hd;
-    if (a.cos == nullptr) {
-      std::memcpy(q + h * hd, src, bytes);
-    } else {
-      load_row<F>(src, buf, hd);
-      rotate(buf, a.cos, a.sin, half, 1.0f);
-      store_row<F>(buf, q + h * hd, hd);
-    }
+  if (a.cos == nullptr) {
+    std::memcpy(q, packed, static_cast<std::size_t>(H) * bytes);
+  } else {
+    for (std::int64_t h = 0; h < H; ++h) rotate_into<F>(packed + h * hd, q + h * hd, a.cos, a.sin, half);
   }
   for (std::int64_t g = 0; g < hkv; ++g) {
-    const T* src = packed + (H + g) * hd;
-    if (a.cos != nullptr) {
-      load_row<F>(src, buf, hd);
-      rotate(buf, a.cos, a.sin, half, 1.0f);
-      store_row<F>(buf, rounded, hd);
-      src = rounded;
+    T* first = k + g * group * hd;
+    if (a.cos == nullptr) {
+      std::memcpy(first, packed + (H + g) * hd, bytes);
+    } else {
+      rotate_into<F>(packed + (H + g) * hd, first, a.cos, a.sin, half);
     }
-    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) std::memcpy(k + h * hd, src, bytes);
+    for (std::int64_t h = g * group + 1; h < (g + 1) * group; ++h) std::memcpy(k + h * hd, first, bytes);
     const T* vsrc = packed + (H + hkv + g) * hd;
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) std::memcpy(v + h * hd, vsrc, bytes);
   }
@@ -152,15 +158,9 @@ void qkv_heads_forward(const HeadsShape& shape, const typename F::T* packed, typ
   check_shape(shape, cos != nullptr);
   const std::int64_t rows = shape.batch * shape.seq, hd = shape.head_dim;
   const std::int64_t in_w = shape.packed_width(), out_w = 3 * shape.heads * hd;
-#pragma omp parallel if (rows * out_w >= kParallelMin)
-  {
-    std::vector<float> buf(static_cast<std::size_t>(hd));
-    std::vector<typename F::T> rounded(static_cast<std::size_t>(hd));
-#pragma omp for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const Angles a = angles_at(shape, cos, sin, r % shape.seq);
-      forward_row<F>(shape, packed + r * in_w, qkv + r * out_w, a, buf.data(), rounded.data());
-    }
+#pragma omp parallel for schedule(static) if (rows * out_w >= kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    forward_row<F>(shape, packed + r * in_w, qkv + r * out_w, angles_at(shape, cos, sin, r % shape.seq));
   }
 }
 
