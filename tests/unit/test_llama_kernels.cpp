@@ -59,7 +59,7 @@ std::vector<float> widen(const std::vector<typename F::T>& v) {
   return out;
 }
 
-// Runs fn with 1 thread, then with 2, and restores the thread count.
+// Runs fn with n OpenMP threads, then restores the thread count.
 template <class Fn>
 void with_threads(int n, Fn&& fn) {
   const int before = omp_get_max_threads();
