@@ -17,7 +17,6 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "export/onnx_model.h"
-#include "nn/layernorm.h"
 #include "export/onnx_writer.h"
 #include "export/triton_config.h"
 #include "tools/ckpt_commands.h"
@@ -63,10 +62,18 @@ std::string safetensors_header(const ck::Manifest& manifest, const nn::Parameter
       {"num_classes", std::to_string(lm ? 0 : m.num_classes)},
       {"patch_dim", std::to_string(m.patch_dim)},
       {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
-      {"layernorm_eps", fmt::format("{}", nn::kLayerNormEps)},
-      {"gelu", "erf"},
-      {"norm", "pre-LN"},
-      {"qkv", "one [3*d_model, d_model] weight, rows q|k|v, heads contiguous within each"},
+      {"block", "pre-norm"},
+      {"norm", m.norm == nn::ModelConfig::Norm::rmsnorm ? "rmsnorm" : "layernorm"},
+      {"norm_eps", fmt::format("{}", m.norm_eps)},
+      {"position", m.position == nn::ModelConfig::Position::rope ? "rope" : "learned"},
+      {"rope_theta", fmt::format("{}", m.rope_theta)},
+      {"mlp", m.mlp == nn::ModelConfig::Mlp::swiglu      ? "swiglu"
+              : m.mlp == nn::ModelConfig::Mlp::gelu_tanh ? "gelu_tanh"
+                                                         : "gelu"},
+      {"n_kv_heads", std::to_string(m.kv_heads())},
+      {"bias", m.bias ? "true" : "false"},
+      {"qkv", "one [(n_heads + 2 * n_kv_heads) * head_dim, d_model] weight, rows q|k|v, heads contiguous within "
+              "each"},
       {"lm_head_bias", "none"},
       {"config", manifest.config_json()},
   };

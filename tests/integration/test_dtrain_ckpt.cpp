@@ -155,8 +155,11 @@ TEST_F(DtrainCkpt, ExportWritesSafetensorsOfTheMasterParameters) {
   EXPECT_EQ(meta["n_heads"], "2");
   EXPECT_EQ(meta["n_layers"], "2");
   EXPECT_EQ(meta["tie_embeddings"], "false");
-  EXPECT_EQ(meta["layernorm_eps"], "1e-05");
-  EXPECT_EQ(meta["gelu"], "erf");
+  EXPECT_EQ(meta["norm"], "layernorm");
+  EXPECT_EQ(meta["norm_eps"], "1e-05");
+  EXPECT_EQ(meta["mlp"], "gelu");
+  EXPECT_EQ(meta["position"], "learned");
+  EXPECT_EQ(meta["bias"], "true");
   EXPECT_EQ(nlohmann::json::parse(meta["config"].get<std::string>())["model"]["d_ff"], 64);
   EXPECT_EQ(header.size(), layout_.params().size() + 1);
 
