@@ -27,8 +27,12 @@
 namespace {
 
 void print_summary(const dtrain::worker::TrainSummary& s) {
-  std::cout << fmt::format("done: {} steps in {:.1f} s | final loss {:.4f} | {:.0f} tok/s",
-                           s.steps, s.seconds, s.final_loss, s.tokens_per_s);
+  // This invocation's steps: a resumed run says where it went on from.
+  const std::string resumed =
+      s.steps_run == s.steps ? "" : fmt::format(" (steps {}-{}, resumed after step {})", s.steps - s.steps_run + 1,
+                                                s.steps, s.steps - s.steps_run);
+  std::cout << fmt::format("done: {} steps{} in {:.1f} s | final loss {:.4f} | {:.0f} tok/s", s.steps_run, resumed,
+                           s.seconds, s.final_loss, s.tokens_per_s);
   if (s.final_eval) {
     std::cout << fmt::format(" | eval loss {:.4f}", s.final_eval->loss);
     if (s.final_eval->accuracy) {
@@ -91,6 +95,7 @@ struct WorkerArgs {
   bool print_config = false;  // print the resolved config and stop
   bool eval_only = false;     // score the checkpoint resumed from, train nothing
   bool dry_run = false;       // validate, plan the memory, stop
+  double peak_flops = 0.0;    // one rank's peak FLOP/s, for MFU on the progress lines
 };
 
 void add_options(CLI::App& app, WorkerArgs& args) {
@@ -106,6 +111,8 @@ void add_options(CLI::App& app, WorkerArgs& args) {
                "exit 0 when it fits, 2 when not");
   app.add_flag("--eval-only", args.eval_only,
                "score the checkpoint checkpoint.resume names on the held-out data (one eval line), train nothing");
+  app.add_option("--peak-flops", args.peak_flops,
+                 "one rank's peak FLOP/s (e.g. 989e12 for an H100 in bf16): progress lines then show MFU");
   app.add_option("--testonly-slow-rank", args.slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
 }
 
@@ -152,13 +159,19 @@ std::shared_ptr<dtrain::worker::LiveMetrics> live_metrics(dtrain::worker::Heartb
   return live;
 }
 
+// What runs where: the device, its precision and this rank's threads (after share_cores).
 void print_start(const dtrain::config::Config& config, const dtrain::cluster::Environment& env,
-                 const dtrain::comm::Communicator& comm) {
+                 const dtrain::comm::Communicator& comm, double peak_flops) {
+  const std::string device = config.device() == "cuda"
+                                 ? fmt::format("cuda:{}", dtrain::comm::cuda_device_for(env))
+                                 : fmt::format("cpu, {} OpenMP thread(s) per rank", omp_get_max_threads());
   std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
-                           "ZeRO stage {}\n",
+                           "ZeRO stage {} | device {} | precision {} | MFU {}\n",
                            config.model().kind(), config.train().steps(), config.train().out_dir(),
                            env.world_size, dtrain::cluster::starter_name(env.starter), comm.backend_name(),
-                           config.parallel().zero_stage());
+                           config.parallel().zero_stage(), device, config.precision(),
+                           peak_flops > 0.0 ? fmt::format("over a peak of {:g} FLOP/s", peak_flops)
+                                            : std::string("not shown (--peak-flops to set the peak)"));
 }
 
 // dtrain-launch merges the ranks' traces (launcher/trace_merge.h).
@@ -211,7 +224,7 @@ int train(const WorkerArgs& args) {
   const auto metrics_server = serve_metrics(args.metrics_host, args.metrics_port, env, live);
   share_cores(env);
   const bool rank0 = comm->rank() == 0;
-  if (rank0) print_start(config, env, *comm);
+  if (rank0) print_start(config, env, *comm, args.peak_flops);
   dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
                                                        .device_comm = device_comm,
                                                        .cuda_device = config.device() == "cuda"
@@ -219,6 +232,8 @@ int train(const WorkerArgs& args) {
                                                                           : 0,
                                                        .ranks_on_node = env.local_world_size,
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
+                                                       .eval_only = args.eval_only,
+                                                       .peak_flops = args.peak_flops,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});
   if (args.eval_only) {
