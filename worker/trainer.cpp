@@ -344,7 +344,8 @@ void Trainer::log_progress(const StepResult& r, double tokens_per_s, double step
   const double eta = elapsed / static_cast<double>(steps_run) * static_cast<double>(total - r.step);
   // Model FLOP/s of one rank, and over its peak when --peak-flops gave one.
   const double flops = model_config_.flops_per_token(seq_) * tokens_per_s / comm_->world_size();
-  std::string rate = fmt::format("{:.2f} TFLOP/s", flops / 1e12);
+  std::string rate = flops >= 1e12 ? fmt::format("{:.2f} TFLOP/s", flops / 1e12)
+                                   : fmt::format("{:.2f} GFLOP/s", flops / 1e9);
   if (options_.peak_flops > 0.0) rate += fmt::format(" MFU {:.1f}%", 100.0 * flops / options_.peak_flops);
   std::string memory = fmt::format("RSS {:.0f} MiB", peak_rss_mb());
   if (on_device()) memory += fmt::format(" GPU {:.0f} MiB", static_cast<double>(device_bytes()) / (1024.0 * 1024.0));
