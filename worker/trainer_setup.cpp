@@ -210,7 +210,7 @@ ConfigError Trainer::no_checkpoint_to_score() const {
 // linear) decay is stretched or squeezed and the learning rate jumps at once.
 // Kept (a longer run is often what is wanted), but said plainly.
 void Trainer::warn_schedule_change() const {
-  if (!resumed_ || options_.console == nullptr) return;
+  if (!resumed_ || options_.console == nullptr || options_.eval_only) return;  // --eval-only trains nothing
   const std::int64_t saved = resumed_->saved_train_steps;
   const std::int64_t now = config_.train().steps();
   if (saved <= 0 || saved == now || config_.schedule().decay() == "constant") return;
