@@ -15,6 +15,7 @@
 #include "comm/connect.h"
 #include "core/command_line.h"
 #include "core/error.h"
+#include "core/plugin.h"
 #include "core/process.h"
 #include "telemetry/metrics_http.h"
 #include "telemetry/metrics_render.h"
@@ -108,7 +109,7 @@ void add_options(CLI::App& app, WorkerArgs& args) {
   app.add_flag("--print-config", args.print_config, "print the resolved, validated config as JSON and exit");
   app.add_flag("--dry-run", args.dry_run,
                "validate the config, build the model and print the memory each rank needs against the machine's; "
-               "exit 0 when it fits, 2 when not");
+               "exit 0 when it fits, 2 when not (device cuda: the GPU memory each rank needs, not checked)");
   app.add_flag("--eval-only", args.eval_only,
                "score the checkpoint checkpoint.resume names on the held-out data (one eval line), train nothing");
   app.add_option("--peak-flops", args.peak_flops,
@@ -198,7 +199,21 @@ int dry_run(const dtrain::config::Config& config, const dtrain::cluster::Environ
   std::cout << fmt::format("available        {:>10.1f} MiB on this node, for {} rank(s)\n",
                            static_cast<double>(available) / (1024.0 * 1024.0), env.local_world_size);
   dtrain::worker::check_fits(plan, available, env.local_world_size, config);
-  std::cout << "dry run: the config is valid and the run fits\n";
+  if (config.device() != "cuda") {
+    std::cout << "dry run: the config is valid and the run fits\n";
+    return 0;
+  }
+  // The GPU's share is not measured against a GPU: say so, and whether there is one.
+  std::string why;
+  const int gpus = dtrain::cuda_device_count(&why);
+  const double gpu_mib = static_cast<double>(plan.state.model_state_bytes() + plan.state.working_bytes +
+                                             plan.activation_bytes) / (1024.0 * 1024.0);
+  std::cout << fmt::format("dry run: the config is valid and the host's share fits; each rank needs about {:.1f} MiB "
+                           "of GPU memory, not checked against the GPU's: {}\n",
+                           gpu_mib, gpus > 0 ? fmt::format("{} GPU(s) visible here", gpus)
+                                             : fmt::format("no GPU visible here ({}), so whether it fits is "
+                                                           "unknown",
+                                                           why));
   return 0;
 }
 

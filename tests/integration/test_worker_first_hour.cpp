@@ -168,5 +168,43 @@ TEST(WorkerFirstHour, ShortRunClampsTheWarmup) {
   EXPECT_THAT(read_file(dir / "run" / "config.json"), HasSubstr("\"warmup_steps\": 3"));
 }
 
+// device=cuda --dry-run checks the host's share only: it never says the run
+// fits the GPU, and says when there is no GPU to check against.
+TEST(WorkerFirstHour, CudaDryRunDoesNotClaimTheGpuFits) {
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const CommandResult r = worker(config, "--dry-run --set device=cuda --set train.out_dir=" + (dir / "run").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("the run fits")));
+  EXPECT_THAT(r.output, ContainsRegex("needs about [0-9.]+ MiB of GPU memory, not checked against the GPU's: "));
+  if (r.output.find("GPU(s) visible here") == std::string::npos) {
+    EXPECT_THAT(r.output, HasSubstr("no GPU visible here ("));
+    EXPECT_THAT(r.output, HasSubstr("so whether it fits is unknown"));
+  }
+}
+
+// backend=nccl on a CPU run names the field the user set.
+TEST(WorkerFirstHour, NcclOnACpuRunNamesTheBackend) {
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const CommandResult r = worker(config, "--set parallel.backend=nccl --set train.out_dir=" + (dir / "run").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("config field 'parallel.backend': nccl moves GPU memory, but device is \"cpu\""));
+  EXPECT_THAT(r.output, Not(HasSubstr("field 'device'")));
+}
+
+// On a machine with no NVIDIA driver at all, device=cuda says that, not
+// that the driver's version is insufficient.
+TEST(WorkerFirstHour, NoDriverIsSaidPlainly) {
+  if (std::filesystem::exists("/proc/driver/nvidia/version")) GTEST_SKIP() << "this machine has an NVIDIA driver";
+  if (!std::filesystem::exists(bin_dir() + "/../lib/libdtrain_cuda.so")) GTEST_SKIP() << "built without CUDA";
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const CommandResult r = worker(config, "--set device=cuda --set train.out_dir=" + (dir / "run").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("config field 'device': cuda needs a GPU: no NVIDIA driver was found"));
+  EXPECT_THAT(r.output, Not(HasSubstr("insufficient")));
+}
+
 }  // namespace
 }  // namespace dtrain::testing

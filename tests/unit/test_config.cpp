@@ -296,6 +296,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rule{{"train.eval_every=-1"}, "train.eval_every"},
         Rule{{"train.eval_batches=0"}, "train.eval_batches"},
         Rule{{"parallel.backend=tcp"}, "parallel.backend"},
+        Rule{{"parallel.backend=nccl"}, "parallel.backend"},  // device cpu (the default)
         Rule{{"parallel.zero_stage=4"}, "parallel.zero_stage"},
         Rule{{"parallel.bucket_mb=0"}, "parallel.bucket_mb"},
         Rule{{"parallel.first_bucket_mb=-1"}, "parallel.first_bucket_mb"},
