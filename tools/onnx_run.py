@@ -25,8 +25,9 @@ No file is overwritten: an output file that exists already is an error.
         held-out part, as dtrain's loader reads it: data.kind text or
         fashion_mnist), runs the model on it and prints what it checked: the
         input's shape and source, that every logit is finite, and the
-        accuracy against the batch's labels (a classifier) or next bytes (an
-        lm); --out-dir also writes the outputs and the input (<name>.pb)
+        accuracy and mean cross-entropy against the batch's labels (a
+        classifier) or next bytes (an lm); --out-dir also writes the outputs
+        and the input (<name>.pb)
 
 --check first runs onnx.checker.check_model(full_check=True) (the checker
 and strict shape inference of the `onnx` package, a newer one than the
@@ -232,6 +233,12 @@ def report_check(feeds, outputs, labels, where):
     right = int((logits.argmax(axis=-1) == labels).sum())
     what = "next-byte predictions" if logits.ndim == 3 else "labels"
     print(f"accuracy on this batch: {right}/{labels.size} {what} ({100.0 * right / labels.size:.1f}%)")
+    # The mean cross-entropy, as dtrain's eval line computes it over the same rows.
+    z = logits.astype(np.float64).reshape(-1, logits.shape[-1])
+    top = z.max(axis=1)
+    log_norm = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+    loss = float((log_norm - z[np.arange(z.shape[0]), labels.reshape(-1)]).mean())
+    print(f"loss on this batch: {loss:.6f}")
     if not finite:
         fail("the model's logits are not all finite")
 

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <regex>
+#include <sstream>
 #include <string>
 
 #include "support/run_command.h"
@@ -95,6 +98,26 @@ std::filesystem::path trained_and_exported(const TempDir& dir, const std::string
   return run;
 }
 
+// The batch onnx_run.py made is the one dtrain's own held-out loader reads:
+// ONNX Runtime's loss on it equals dtrain's eval loss over the same rows
+// (--eval-only with a micro-batch of `rows` and one eval batch), within
+// 1e-4 (the two runtimes' float rounding; a wrong row or layout is off by far more).
+void expect_loss_matches_dtrain_eval(const std::filesystem::path& run, const std::string& onnx_output, int rows) {
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(onnx_output, m, std::regex("loss on this batch: ([0-9.]+)"))) << onnx_output;
+  const double onnx_loss = std::stod(m[1]);
+  const CommandResult eval = run_command(fmt::format(
+      "{}/dtrain-worker --config {} --eval-only --set train.micro_batch_size={} --set train.eval_batches=1", bin_dir(),
+      (run / "config.json").string(), rows));
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  std::istringstream lines(read_file(run / "metrics.jsonl"));
+  std::string line, last;
+  while (std::getline(lines, line)) last = line;
+  const nlohmann::json scored = nlohmann::json::parse(last);
+  ASSERT_EQ(scored["event"], "eval") << last;
+  EXPECT_NEAR(onnx_loss, scored["loss"].get<double>(), 1e-4) << onnx_output << eval.output;
+}
+
 TEST(FirstHourTools, OnnxRunMakesTheBatchFromTheRunsTextData) {
   TempDir dir;
   const auto run = trained_and_exported(dir, text_lm(dir));
@@ -107,6 +130,7 @@ TEST(FirstHourTools, OnnxRunMakesTheBatchFromTheRunsTextData) {
                                   "' (its last 10%, held out from training)"));
   EXPECT_THAT(r.output, HasSubstr("output logits: float32 [3, 16, 256], every value finite: yes"));
   EXPECT_THAT(r.output, ContainsRegex("accuracy on this batch: [0-9]+/48 next-byte predictions"));
+  expect_loss_matches_dtrain_eval(run, r.output, 3);
 
   // --out-dir keeps the batch it made, which --input then takes as it is.
   const auto out = dir / "out";
@@ -129,6 +153,7 @@ TEST(FirstHourTools, OnnxRunMakesTheBatchFromFashionMnist) {
                                   "(t10k, the test split)"));
   EXPECT_THAT(r.output, HasSubstr("output logits: float32 [5, 10], every value finite: yes"));
   EXPECT_THAT(r.output, ContainsRegex("accuracy on this batch: [0-9]/5 labels"));
+  expect_loss_matches_dtrain_eval(run, r.output, 5);
 
   const CommandResult synthetic = onnx_run(fmt::format("{} --from-config {}", (dir / "model.onnx").string(),
                                                        dir.write("s.json", R"({"data": {"kind": "synthetic"}})").string()));
