@@ -113,7 +113,8 @@ void add_options(CLI::App& app, WorkerArgs& args) {
   app.add_flag("--eval-only", args.eval_only,
                "score the checkpoint checkpoint.resume names on the held-out data (one eval line), train nothing");
   app.add_option("--peak-flops", args.peak_flops,
-                 "one rank's peak FLOP/s (e.g. 989e12 for an H100 in bf16): progress lines then show MFU");
+                 "one rank's peak FLOP/s (e.g. 989e12 for an H100 in bf16): progress lines then show MFU "
+                 "(default: DTRAIN_PEAK_FLOPS, which dtrain-launch --peak-flops sets)");
   app.add_option("--testonly-slow-rank", args.slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
 }
 
@@ -158,6 +159,19 @@ std::shared_ptr<dtrain::worker::LiveMetrics> live_metrics(dtrain::worker::Heartb
   live->set_communicator(comm);
   if (publish) heartbeat->set_metrics_source([live] { return live->snapshot(); });
   return live;
+}
+
+// --peak-flops, else dtrain-launch's --peak-flops (DTRAIN_PEAK_FLOPS); 0: unknown.
+double peak_flops_of(const WorkerArgs& args) {
+  if (args.peak_flops > 0.0) return args.peak_flops;
+  const char* set = std::getenv("DTRAIN_PEAK_FLOPS");
+  if (set == nullptr || *set == '\0') return 0.0;
+  char* end = nullptr;
+  const double value = std::strtod(set, &end);
+  if (end == set || *end != '\0' || !(value > 0.0)) {
+    throw dtrain::Error(fmt::format("DTRAIN_PEAK_FLOPS='{}' is not a positive number of FLOP/s (e.g. 989e12)", set));
+  }
+  return value;
 }
 
 // What runs where: the device, its precision and this rank's threads (after share_cores).
@@ -227,6 +241,7 @@ int train(const WorkerArgs& args) {
   }
   const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
   if (args.dry_run) return dry_run(config, env);
+  const double peak_flops = peak_flops_of(args);
   const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
   // Under dtrain-launch: step, phase and collective for its hang detection.
   const auto heartbeat = dtrain::worker::Heartbeat::from_environment(env, dtrain::cluster::process_environment());
@@ -239,7 +254,7 @@ int train(const WorkerArgs& args) {
   const auto metrics_server = serve_metrics(args.metrics_host, args.metrics_port, env, live);
   share_cores(env);
   const bool rank0 = comm->rank() == 0;
-  if (rank0) print_start(config, env, *comm, args.peak_flops);
+  if (rank0) print_start(config, env, *comm, peak_flops);
   dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
                                                        .device_comm = device_comm,
                                                        .cuda_device = config.device() == "cuda"
@@ -248,7 +263,7 @@ int train(const WorkerArgs& args) {
                                                        .ranks_on_node = env.local_world_size,
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
                                                        .eval_only = args.eval_only,
-                                                       .peak_flops = args.peak_flops,
+                                                       .peak_flops = peak_flops,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});
   if (args.eval_only) {

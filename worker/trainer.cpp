@@ -234,7 +234,7 @@ TrainSummary Trainer::run() {
       log_tensorboard(r, tps, step_ms, window_exposed / static_cast<double>(window_steps));
       window_seconds = window_exposed = 0.0;
       window_steps = 0;
-    } else if (r.step == first_step + 1) {  // a first sign of life, on the console only
+    } else if (r.step == first_step + 1 && r.seconds > 0.0) {  // a first sign of life, on the console only
       log_progress(r, static_cast<double>(tokens_per_step()) / r.seconds, 1e3 * r.seconds, seconds_since(start), 1);
     }
     if (histograms_due(r.step)) TensorBoardLog::log_histograms(*engine_, r.step, tensorboard_.get());

@@ -192,6 +192,22 @@ TEST(Launch, CtrlCSavesAndTheSameCommandResumes) {
   ASSERT_TRUE(wait_all(more, 60s)) << read_file(again_log);
 }
 
+// --peak-flops reaches the workers, whose progress lines then show the MFU.
+TEST(Launch, PeakFlopsGivesTheWorkersConsoleTheMfu) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const std::string log = dir.file("launch.log");
+  auto launch = start_launch({"--standalone", "--nproc-per-node", "1", "--peak-flops", "2e9", "--log-dir",
+                              dir.file("logs")},
+                             worker_command(config, dir / "run", {"train.steps=5"}), log);
+  std::vector<Spawned> procs{launch};
+  ASSERT_TRUE(wait_all(procs, 60s)) << read_file(log);
+  const std::string out = read_file(log);
+  EXPECT_EQ(procs[0].exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("MFU over a peak of 2e+09 FLOP/s"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("step +5/5 \\|.* [GT]FLOP/s MFU [0-9.]+%"));
+}
+
 TEST(Launch, StoreRefusesAWrongTokenAndTheTokenStaysOutOfOutputAndCommandLines) {
   TempDir dir;
   const std::string log = dir.file("launch.log");
