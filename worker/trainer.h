@@ -169,7 +169,7 @@ class Trainer {
   void resume_checkpoint();
   void make_loaders(const data::DatasetPair& datasets);
   void open_outputs();
-  bool may_start_in(const std::filesystem::path& out_dir);
+  bool continues_run_in(const std::filesystem::path& out_dir);
   std::filesystem::path write_run_config(const std::filesystem::path& out_dir) const;
   void open_tensorboard();
   void warn_schedule_change() const;

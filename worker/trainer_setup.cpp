@@ -1,8 +1,8 @@
 // Trainer's set-up: the device and the communicator its memory travels on,
 // the engine and the model, the resume, the data loaders and the outputs.
 #include <fstream>
-#include <sstream>
 #include <iostream>
+#include <sstream>
 #include <string_view>
 
 #include "comm/connect.h"
@@ -283,7 +283,7 @@ std::string read_text(const std::filesystem::path& path) {
 // and --eval-only continue; an unfinished run that saved no checkpoint yet
 // (stopped before its first save) starts again from step 0 in place; a
 // finished run is never written over.
-bool Trainer::may_start_in(const std::filesystem::path& out_dir) {
+bool Trainer::continues_run_in(const std::filesystem::path& out_dir) {
   if (resumed_ || options_.restart > 0 || options_.eval_only) return true;
   std::error_code ec;
   const std::filesystem::path metrics = out_dir / "metrics.jsonl";
@@ -330,7 +330,7 @@ void Trainer::open_outputs() {
     const std::filesystem::path out_dir = t.out_dir();
     // A continued run appends to its metrics.jsonl (steps after the
     // checkpoint that a crash cut short appear again, from the resumed step on).
-    metrics_ = std::make_unique<MetricsWriter>(out_dir, may_start_in(out_dir));
+    metrics_ = std::make_unique<MetricsWriter>(out_dir, continues_run_in(out_dir));
     if (options_.eval_only) return;  // scores a checkpoint: no config, no events
     config_file_ = write_run_config(out_dir);
     open_tensorboard();
