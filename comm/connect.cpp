@@ -110,7 +110,8 @@ nccl_backend::ShareUniqueId share_through_mpi() {
 // NCCL's unique id travels through the store, or over MPI when mpirun (or
 // srun with PMIx) started a job that has no store.
 std::unique_ptr<Backend> connect_nccl(const cluster::Environment& env, const ConnectOptions& options) {
-  const int device = cuda_device_for(env);
+  // The field the user set: device=cuda, or parallel.backend=nccl on its own.
+  const int device = cuda_device_for(env, options.device == "cuda" ? "device" : "parallel.backend");
   if (!options.store && env.pmix) {
     return nccl_backend::load_backend(env.rank, env.world_size, share_through_mpi(), device, options.timeout);
   }
@@ -188,10 +189,12 @@ std::unique_ptr<Backend> make_nccl_backend(int rank, int world_size, std::shared
                                     timeout);
 }
 
-int cuda_device_for(const cluster::Environment& env) {
+int cuda_device_for(const cluster::Environment& env, const std::string& field) {
   std::string why;
   const cluster::GpuView view{cuda_device_count(&why), env.cuda_visible_devices, env.slurm_gpus};
-  if (view.visible_count == 0) throw ConfigError("device", fmt::format("cuda needs a GPU: {}", why));
+  if (view.visible_count == 0) {
+    throw ConfigError(field, fmt::format("{} needs a GPU: {}", field == "device" ? "cuda" : "nccl", why));
+  }
   return cluster::device_for_local_rank(env.local_rank, env.local_world_size, view);
 }
 

@@ -65,7 +65,8 @@ std::unique_ptr<Backend> make_nccl_backend(int rank, int world_size, std::shared
 
 // The CUDA device of this rank: its local rank among the devices it sees,
 // as Slurm or CUDA_VISIBLE_DEVICES narrowed them (cluster/devices.h).
-// ConfigError naming `device` when there is none.
-int cuda_device_for(const cluster::Environment& env);
+// ConfigError naming `field` (the setting that asked for a GPU: the config's
+// `device`, a tool's --backend) when there is none.
+int cuda_device_for(const cluster::Environment& env, const std::string& field = "device");
 
 }  // namespace dtrain::comm

@@ -51,6 +51,7 @@ std::map<std::string, std::string> worker_base_environment(const LaunchOptions& 
   env["DTRAIN_NODE_RANK"] = std::to_string(plan.node_rank);
   if (round.heartbeat_s > 0) env["DTRAIN_HEARTBEAT_S"] = fmt::format("{}", round.heartbeat_s);
   if (round.metrics) env["DTRAIN_METRICS"] = std::string("1");  // the heartbeat also publishes metrics/<rank>
+  if (o.peak_flops > 0.0) env["DTRAIN_PEAK_FLOPS"] = fmt::format("{:g}", o.peak_flops);  // MFU on the console too
   // PyTorch's env:// rendezvous: rank 0 hosts PyTorch's store on
   // MASTER_ADDR:MASTER_PORT, on node rank 0, which also hosts dtrain's.
   env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = std::to_string(plan.world_size);

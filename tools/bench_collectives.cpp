@@ -249,7 +249,8 @@ int run_collective_bench(const CollectiveBenchOptions& options) {
                                                     on_device ? "cuda" : "cpu", env);
   // nccl moves GPU memory: the buffers live on this rank's GPU (the CUDA plugin's device).
   const std::unique_ptr<nn::Device> device =
-      on_device ? nn::make_cuda_device(comm::cuda_device_for(env), std::chrono::milliseconds(timeout)) : nullptr;
+      on_device ? nn::make_cuda_device(comm::cuda_device_for(env, "--backend"), std::chrono::milliseconds(timeout))
+                : nullptr;
   // gloo and nccl rendezvous through the run's store (hosted by rank 0 when
   // no launcher hosts it); mpi runs without one when DTRAIN_STORE is unset.
   const comm::OpenedStore opened = comm::open_store(env, timeout);

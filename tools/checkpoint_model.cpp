@@ -19,8 +19,19 @@ bool is_step_dir(ck::Env& env, const std::filesystem::path& dir) {
   return env.exists(dir / "manifest.pb") || ck::parse_step_name(dir.filename().string()).has_value();
 }
 
+// What a missing checkpoint most often means: the run never saved one.
+constexpr const char* kSaveHint =
+    "a training run saves checkpoints only with checkpoint.every_steps set (e.g. --set checkpoint.every_steps=500; "
+    "its last step is then saved too), under checkpoint.dir (default <train.out_dir>/checkpoints)";
+
 void require_directory(ck::Env& env, const std::filesystem::path& dir) {
-  if (!env.is_directory(dir)) throw IoError(fmt::format("'{}' is not a directory", dir.string()));
+  if (env.is_directory(dir)) return;
+  if (!env.exists(dir)) {
+    throw IoError(fmt::format("no checkpoint folder '{}': {}; train with it, or pass the folder a run saved in",
+                              dir.string(), kSaveHint));
+  }
+  throw IoError(fmt::format("'{}' is not a directory; pass a checkpoint folder or one of its step_* folders",
+                            dir.string()));
 }
 
 std::filesystem::path resolve_step(ck::Env& env, const std::filesystem::path& dir) {
@@ -31,7 +42,9 @@ std::filesystem::path resolve_step(ck::Env& env, const std::filesystem::path& di
     if (env.exists(named / "manifest.pb")) return named;
   }
   const std::vector<std::int64_t> steps = ck::committed_steps(env, dir);
-  if (steps.empty()) throw IoError(fmt::format("no committed checkpoint step under '{}'", dir.string()));
+  if (steps.empty()) {
+    throw IoError(fmt::format("no committed checkpoint step under '{}': {}", dir.string(), kSaveHint));
+  }
   return ck::step_dir(dir, steps.front());
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
@@ -56,6 +57,14 @@ void agree(comm::Communicator& comm, const std::string& error, const std::string
   if (reason.empty()) return;
   if (comm.rank() == 0) throw IoError(fmt::format("{}: {}", what, reason));
   throw IoError(fmt::format("{}: {} (reported by rank 0)", what, reason));
+}
+
+// train.steps of the config a manifest recorded; 0 when it cannot be read.
+std::int64_t saved_train_steps(const ck::Manifest& manifest) {
+  const nlohmann::json config = nlohmann::json::parse(manifest.config_json(), nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("train")) return 0;
+  const nlohmann::json& steps = config["train"].value("steps", nlohmann::json());
+  return steps.is_number_integer() ? steps.get<std::int64_t>() : 0;
 }
 
 }  // namespace
@@ -362,7 +371,8 @@ std::optional<ResumePoint> Checkpointer::resume(std::ostream* console) {
     *console << fmt::format("checkpoint: resumed from {} (step {}, saved by {} rank(s) at ZeRO stage {})\n",
                             loaded->string(), manifest.step(), manifest.world_size(), manifest.zero_stage());
   }
-  return ResumePoint{manifest.step(), manifest.data_position(), *loaded, manifest.optimizer_step()};
+  return ResumePoint{manifest.step(), manifest.data_position(), *loaded, manifest.optimizer_step(),
+                     saved_train_steps(manifest)};
 }
 
 }  // namespace dtrain::worker

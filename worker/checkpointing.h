@@ -41,6 +41,7 @@ struct ResumePoint {
   std::int64_t data_position = 0;   // global sample index of the next batch
   std::filesystem::path dir;        // the step directory loaded
   std::int64_t optimizer_step = 0;  // updates applied (AdamW's t; below step after skipped fp16 steps)
+  std::int64_t saved_train_steps = 0;  // train.steps of the run that saved it (0: unknown)
 };
 
 // What the last committed save cost this rank.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -283,12 +284,25 @@ void apply_override(config::Config& config, const std::string& text) {
   }
 }
 
+// train.steps below schedule.warmup_steps (a short trial of a long config)
+// clamps the warmup to the run instead of refusing it, and says so.
+void clamp_warmup(config::Config& config) {
+  config::Schedule& s = *config.mutable_schedule();
+  const std::int64_t steps = config.train().steps();
+  if (steps < 1 || s.warmup_steps() <= steps) return;
+  std::cerr << fmt::format("warning: schedule.warmup_steps is {} but train.steps only {}: the warmup is clamped to "
+                           "{} steps (the learning rate never reaches its decay)\n",
+                           s.warmup_steps(), steps, steps);
+  s.set_warmup_steps(static_cast<std::int32_t>(steps));
+}
+
 config::Config resolve(std::string_view text, const std::string& source,
                        std::string_view run_name, const std::vector<std::string>& overrides) {
   config::Config config;
   fill_message(config, parse_json(text, source), "", fmt::format("in {}", source));
   for (const std::string& override_text : overrides) apply_override(config, override_text);
   apply_defaults(config, run_name);
+  clamp_warmup(config);
   validate_config(config);
   return config;
 }

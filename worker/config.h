@@ -3,7 +3,9 @@
 // defaults and validated. Every problem is a ConfigError naming the dotted
 // field ("model.d_model") and saying what to do. A resolved config is complete:
 // config_to_json(c) loads back to a Config equal to c.
-// All functions are pure (no global state); any thread may call them.
+// All functions are pure (no global state) but for one warning on standard
+// error: schedule.warmup_steps above train.steps is clamped to it, not
+// refused. Any thread may call them.
 #pragma once
 
 #include <filesystem>

@@ -219,6 +219,11 @@ void validate_system(const config::Config& c) {
 
   one_of(c.precision(), {"fp32", "bf16", "fp16"}, "precision");
   one_of(c.device(), {"cpu", "cuda"}, "device");
+  if (p.backend() == "nccl" && c.device() != "cuda") {
+    fail("parallel.backend", fmt::format("nccl moves GPU memory, but device is \"{}\"; for a CPU run use auto, gloo "
+                                         "or mpi, or set device=cuda to train on GPUs",
+                                         c.device()));
+  }
 }
 
 }  // namespace

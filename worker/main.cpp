@@ -15,6 +15,7 @@
 #include "comm/connect.h"
 #include "core/command_line.h"
 #include "core/error.h"
+#include "core/plugin.h"
 #include "core/process.h"
 #include "telemetry/metrics_http.h"
 #include "telemetry/metrics_render.h"
@@ -27,8 +28,12 @@
 namespace {
 
 void print_summary(const dtrain::worker::TrainSummary& s) {
-  std::cout << fmt::format("done: {} steps in {:.1f} s | final loss {:.4f} | {:.0f} tok/s",
-                           s.steps, s.seconds, s.final_loss, s.tokens_per_s);
+  // This invocation's steps: a resumed run says where it went on from.
+  const std::string resumed =
+      s.steps_run == s.steps ? "" : fmt::format(" (steps {}-{}, resumed after step {})", s.steps - s.steps_run + 1,
+                                                s.steps, s.steps - s.steps_run);
+  std::cout << fmt::format("done: {} steps{} in {:.1f} s | final loss {:.4f} | {:.0f} tok/s", s.steps_run, resumed,
+                           s.seconds, s.final_loss, s.tokens_per_s);
   if (s.final_eval) {
     std::cout << fmt::format(" | eval loss {:.4f}", s.final_eval->loss);
     if (s.final_eval->accuracy) {
@@ -91,6 +96,7 @@ struct WorkerArgs {
   bool print_config = false;  // print the resolved config and stop
   bool eval_only = false;     // score the checkpoint resumed from, train nothing
   bool dry_run = false;       // validate, plan the memory, stop
+  double peak_flops = 0.0;    // one rank's peak FLOP/s, for MFU on the progress lines
 };
 
 void add_options(CLI::App& app, WorkerArgs& args) {
@@ -103,9 +109,12 @@ void add_options(CLI::App& app, WorkerArgs& args) {
   app.add_flag("--print-config", args.print_config, "print the resolved, validated config as JSON and exit");
   app.add_flag("--dry-run", args.dry_run,
                "validate the config, build the model and print the memory each rank needs against the machine's; "
-               "exit 0 when it fits, 2 when not");
+               "exit 0 when it fits, 2 when not (device cuda: the GPU memory each rank needs, not checked)");
   app.add_flag("--eval-only", args.eval_only,
                "score the checkpoint checkpoint.resume names on the held-out data (one eval line), train nothing");
+  app.add_option("--peak-flops", args.peak_flops,
+                 "one rank's peak FLOP/s (e.g. 989e12 for an H100 in bf16): progress lines then show MFU "
+                 "(default: DTRAIN_PEAK_FLOPS, which dtrain-launch --peak-flops sets)");
   app.add_option("--testonly-slow-rank", args.slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
 }
 
@@ -152,13 +161,32 @@ std::shared_ptr<dtrain::worker::LiveMetrics> live_metrics(dtrain::worker::Heartb
   return live;
 }
 
+// --peak-flops, else dtrain-launch's --peak-flops (DTRAIN_PEAK_FLOPS); 0: unknown.
+double peak_flops_of(const WorkerArgs& args) {
+  if (args.peak_flops > 0.0) return args.peak_flops;
+  const char* set = std::getenv("DTRAIN_PEAK_FLOPS");
+  if (set == nullptr || *set == '\0') return 0.0;
+  char* end = nullptr;
+  const double value = std::strtod(set, &end);
+  if (end == set || *end != '\0' || !(value > 0.0)) {
+    throw dtrain::Error(fmt::format("DTRAIN_PEAK_FLOPS='{}' is not a positive number of FLOP/s (e.g. 989e12)", set));
+  }
+  return value;
+}
+
+// What runs where: the device, its precision and this rank's threads (after share_cores).
 void print_start(const dtrain::config::Config& config, const dtrain::cluster::Environment& env,
-                 const dtrain::comm::Communicator& comm) {
+                 const dtrain::comm::Communicator& comm, double peak_flops) {
+  const std::string device = config.device() == "cuda"
+                                 ? fmt::format("cuda:{}", dtrain::comm::cuda_device_for(env))
+                                 : fmt::format("cpu, {} OpenMP thread(s) per rank", omp_get_max_threads());
   std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
-                           "ZeRO stage {}\n",
+                           "ZeRO stage {} | device {} | precision {} | MFU {}\n",
                            config.model().kind(), config.train().steps(), config.train().out_dir(),
                            env.world_size, dtrain::cluster::starter_name(env.starter), comm.backend_name(),
-                           config.parallel().zero_stage());
+                           config.parallel().zero_stage(), device, config.precision(),
+                           peak_flops > 0.0 ? fmt::format("over a peak of {:g} FLOP/s", peak_flops)
+                                            : std::string("not shown (--peak-flops to set the peak)"));
 }
 
 // dtrain-launch merges the ranks' traces (launcher/trace_merge.h).
@@ -188,7 +216,21 @@ int dry_run(const dtrain::config::Config& config, const dtrain::cluster::Environ
                              [&](const dtrain::config::Config& changed) {
                                return dtrain::worker::plan_run(changed, env.world_size);
                              });
-  std::cout << "dry run: the config is valid and the run fits\n";
+  if (config.device() != "cuda") {
+    std::cout << "dry run: the config is valid and the run fits\n";
+    return 0;
+  }
+  // The GPU's share is not measured against a GPU: say so, and whether there is one.
+  std::string why;
+  const int gpus = dtrain::cuda_device_count(&why);
+  const double gpu_mib = static_cast<double>(plan.state.model_state_bytes() + plan.state.working_bytes +
+                                             plan.activation_bytes) / (1024.0 * 1024.0);
+  std::cout << fmt::format("dry run: the config is valid and the host's share fits; each rank needs about {:.1f} MiB "
+                           "of GPU memory, not checked against the GPU's: {}\n",
+                           gpu_mib, gpus > 0 ? fmt::format("{} GPU(s) visible here", gpus)
+                                             : fmt::format("no GPU visible here ({}), so whether it fits is "
+                                                           "unknown",
+                                                           why));
   return 0;
 }
 
@@ -202,6 +244,7 @@ int train(const WorkerArgs& args) {
   }
   const auto env = dtrain::cluster::detect_environment(dtrain::cluster::process_environment());
   if (args.dry_run) return dry_run(config, env);
+  const double peak_flops = peak_flops_of(args);
   const auto timeout = std::chrono::seconds(config.parallel().timeout_s());
   // Under dtrain-launch: step, phase and collective for its hang detection.
   const auto heartbeat = dtrain::worker::Heartbeat::from_environment(env, dtrain::cluster::process_environment());
@@ -214,7 +257,7 @@ int train(const WorkerArgs& args) {
   const auto metrics_server = serve_metrics(args.metrics_host, args.metrics_port, env, live);
   share_cores(env);
   const bool rank0 = comm->rank() == 0;
-  if (rank0) print_start(config, env, *comm);
+  if (rank0) print_start(config, env, *comm, peak_flops);
   dtrain::worker::Trainer trainer(config, {.write_outputs = true, .console = &std::cout, .comm = comm,
                                                        .device_comm = device_comm,
                                                        .cuda_device = config.device() == "cuda"
@@ -222,6 +265,8 @@ int train(const WorkerArgs& args) {
                                                                           : 0,
                                                        .ranks_on_node = env.local_world_size,
                                                        .heartbeat = heartbeat.get(), .restart = env.restart,
+                                                       .eval_only = args.eval_only,
+                                                       .peak_flops = peak_flops,
                                                        .live_metrics = live.get(),
                                                        .testonly_slow_ms = testonly_slow_ms(args.slow_rank, env.rank)});
   if (args.eval_only) {

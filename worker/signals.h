@@ -1,5 +1,6 @@
-// Save-and-exit on SIGTERM and SIGUSR1 (Slurm's preemption warning, a
-// launcher's stop): the handler only records the signal; the training loop
+// Save-and-exit on SIGTERM, SIGINT (Ctrl-C, or dtrain-launch forwarding one)
+// and SIGUSR1 (Slurm's preemption warning, a launcher's stop): the handler
+// only records the signal; the training loop
 // looks at the step boundary, all ranks agree through a collective, save a
 // checkpoint and exit 0.
 #pragma once

@@ -234,6 +234,8 @@ TrainSummary Trainer::run() {
       log_tensorboard(r, tps, step_ms, window_exposed / static_cast<double>(window_steps));
       window_seconds = window_exposed = 0.0;
       window_steps = 0;
+    } else if (r.step == first_step + 1 && r.seconds > 0.0) {  // a first sign of life, on the console only
+      log_progress(r, static_cast<double>(tokens_per_step()) / r.seconds, 1e3 * r.seconds, seconds_since(start), 1);
     }
     if (histograms_due(r.step)) TensorBoardLog::log_histograms(*engine_, r.step, tensorboard_.get());
     if (options_.after_step && r.stop_signal == 0) options_.after_step(r);
@@ -278,12 +280,7 @@ TrainSummary Trainer::run() {
 }
 
 EvalResult Trainer::evaluate_checkpoint() {
-  if (!resumed_) {
-    throw ConfigError("checkpoint.resume", fmt::format("--eval-only scores a checkpoint, but none was loaded from "
-                                                       "'{}'; set checkpoint.resume to auto (with a checkpoint in "
-                                                       "checkpoint.dir) or to a step's path",
-                                                       checkpointer_->root().string()));
-  }
+  if (!resumed_) throw no_checkpoint_to_score();
   const EvalResult e = evaluate();
   if (metrics_) metrics_->log_eval(step_, e.loss, e.accuracy, e.perplexity);
   log_eval(e);  // not in TensorBoard, whose steps are the training's: a second value at a step it may have
@@ -305,7 +302,7 @@ void Trainer::log_run_facts() const {
       mib(m.param_bytes), mib(m.grad_bytes), mib(m.optimizer_bytes),
       static_cast<std::int64_t>(t.micro_batch_size()) * t.grad_accum_steps() * world, tokens_per_step(),
       t.micro_batch_size(), t.grad_accum_steps(), world, world == 1 ? "" : "s", train_samples_, val_samples_,
-      options_.write_outputs ? (std::filesystem::path(t.out_dir()) / "config.json").string() : "(not written)");
+      config_file_.empty() ? std::string("(not written)") : config_file_.string());
   if (config_.device() != "cuda" && compute_dtype(config_) == DType::bf16 && nn::cpu::widens(DType::bf16)) {
     *options_.console << "note: this CPU has no bf16 matrix kernels (AVX512-BF16 or AMX): precision bf16 runs its "
                          "matrix products on operands widened to f32, no faster than fp32\n";
@@ -345,11 +342,18 @@ void Trainer::log_progress(const StepResult& r, double tokens_per_s, double step
   if (options_.console == nullptr) return;
   const std::int64_t total = config_.train().steps();
   const double eta = elapsed / static_cast<double>(steps_run) * static_cast<double>(total - r.step);
+  // Model FLOP/s of one rank, and over its peak when --peak-flops gave one.
+  const double flops = model_config_.flops_per_token(seq_) * tokens_per_s / comm_->world_size();
+  std::string rate = flops >= 1e12 ? fmt::format("{:.2f} TFLOP/s", flops / 1e12)
+                                   : fmt::format("{:.2f} GFLOP/s", flops / 1e9);
+  if (options_.peak_flops > 0.0) rate += fmt::format(" MFU {:.1f}%", 100.0 * flops / options_.peak_flops);
+  std::string memory = fmt::format("RSS {:.0f} MiB", peak_rss_mb());
+  if (on_device()) memory += fmt::format(" GPU {:.0f} MiB", static_cast<double>(device_bytes()) / (1024.0 * 1024.0));
   *options_.console << fmt::format(
       "{}step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad_norm {:.3f} | {:.0f} tok/s | "
-      "{:.1f} ms/step | ETA {}\n",
+      "{:.1f} ms/step | {} | {} | ETA {}\n",
       timestamp(), r.step, std::to_string(total).size(), total, r.loss, r.lr, r.grad_norm, tokens_per_s,
-      step_ms, format_duration(eta));
+      step_ms, rate, memory, format_duration(eta));
   options_.console->flush();
 }
 

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "data/datasets.h"
 #include "data/loader.h"
 #include "nn/schedule.h"
@@ -64,6 +65,13 @@ struct TrainerOptions {
   // The launcher's restart round (DTRAIN_RESTART): a restarted run continues
   // out_dir's metrics.jsonl even when it found no checkpoint to resume.
   int restart = 0;
+  // dtrain-worker --eval-only: the trainer only scores its checkpoint. It
+  // opens an existing run folder without refusing it, appends the eval line
+  // to its metrics.jsonl and writes no config file and no TensorBoard events.
+  bool eval_only = false;
+  // One rank's peak FLOP/s (dtrain-worker --peak-flops): progress lines then
+  // show MFU beside the model FLOP/s; 0: unknown.
+  double peak_flops = 0.0;
   // /metrics (worker/metrics_publisher.h): every step's figures go here. May be null.
   LiveMetrics* live_metrics = nullptr;
   // TEST ONLY (dtrain-worker --testonly-slow-rank): sleep this many
@@ -161,7 +169,11 @@ class Trainer {
   void resume_checkpoint();
   void make_loaders(const data::DatasetPair& datasets);
   void open_outputs();
+  bool continues_run_in(const std::filesystem::path& out_dir);
+  std::filesystem::path write_run_config(const std::filesystem::path& out_dir) const;
   void open_tensorboard();
+  void warn_schedule_change() const;
+  ConfigError no_checkpoint_to_score() const;
 
   bool checkpoint_after(const StepResult& r);  // whether it saved (or started a save)
   void log_progress(const StepResult& r, double tokens_per_s, double step_ms, double elapsed,
@@ -199,6 +211,9 @@ class Trainer {
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::optional<ResumePoint> resumed_;
+  // out_dir held an unfinished run with no checkpoint: it started again from step 0.
+  bool restarted_in_place_ = false;
+  std::filesystem::path config_file_;  // where this invocation's config was written ("" when not)
   std::int64_t batch_ = 0, seq_ = 0;        // micro-batch rows, sequence length
   std::int64_t train_samples_ = 0, val_samples_ = 0;
   std::unique_ptr<data::Loader> train_loader_;

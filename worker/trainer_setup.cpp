@@ -2,6 +2,7 @@
 // the engine and the model, the resume, the data loaders and the outputs.
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string_view>
 
 #include "comm/connect.h"
@@ -148,7 +149,9 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   build_engine_and_model(seq);
   if (!is_rank0()) options_.console = nullptr;
   resume_checkpoint();
+  if (options_.eval_only && !resumed_) throw no_checkpoint_to_score();
   make_loaders(datasets);
+  warn_schedule_change();
   open_outputs();
 }
 
@@ -206,6 +209,33 @@ void Trainer::resume_checkpoint() {
   }
 }
 
+// --eval-only without a checkpoint: most often a run that never saved one.
+ConfigError Trainer::no_checkpoint_to_score() const {
+  return ConfigError("checkpoint.every_steps",
+                     fmt::format("--eval-only scores a checkpoint, but none was loaded from '{}' (checkpoint.resume "
+                                 "= {}): train with checkpoint saves on, e.g. --set checkpoint.every_steps=500 (the "
+                                 "last step is then saved too), or set checkpoint.resume to a step's path",
+                                 checkpointer_->root().string(), config_.checkpoint().resume()));
+}
+
+// A resumed run whose train.steps differs from the run that saved the
+// checkpoint goes on with the schedule of the new train.steps: the cosine (or
+// linear) decay is stretched or squeezed and the learning rate jumps at once.
+// Kept (a longer run is often what is wanted), but said plainly.
+void Trainer::warn_schedule_change() const {
+  if (!resumed_ || options_.console == nullptr || options_.eval_only) return;  // --eval-only trains nothing
+  const std::int64_t saved = resumed_->saved_train_steps;
+  const std::int64_t now = config_.train().steps();
+  if (saved <= 0 || saved == now || config_.schedule().decay() == "constant") return;
+  nn::LrSchedule before = schedule_;
+  before.total_steps = saved;
+  *options_.console << fmt::format(
+      "warning: train.steps is {} but the run saved at step {} had {}: the {} schedule now decays over {} steps, "
+      "so the learning rate of step {} changes from {:.3e} to {:.3e}; set train.steps={} to keep the original "
+      "horizon\n",
+      now, step_, saved, config_.schedule().decay(), now, step_ + 1, before.at(step_), schedule_.at(step_), saved);
+}
+
 void Trainer::make_loaders(const data::DatasetPair& datasets) {
   const config::Train& t = config_.train();
   data::LoaderOptions lo;
@@ -229,8 +259,10 @@ void Trainer::make_loaders(const data::DatasetPair& datasets) {
                              parse_decay(config_.schedule().decay()), config_.schedule().min_lr_ratio()};
 }
 
+namespace {
+
 // std::filesystem's errors become IoErrors naming the path and what to do.
-static void make_directory(const std::filesystem::path& dir, const char* field) {
+void make_directory(const std::filesystem::path& dir, const char* field) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -239,25 +271,81 @@ static void make_directory(const std::filesystem::path& dir, const char* field) 
   }
 }
 
+// Whether metrics.jsonl ends a finished run: an "end" line with no step line after it.
+bool ends_finished_run(const std::filesystem::path& metrics) {
+  std::ifstream in(metrics);
+  bool finished = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(R"({"event":"end")", 0) == 0) finished = true;
+    if (line.rfind(R"({"step":)", 0) == 0) finished = false;
+  }
+  return finished;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+// Whether this invocation continues what out_dir holds (appending to its
+// metrics.jsonl) rather than starting it. A resumed run, a launcher's restart
+// and --eval-only continue; an unfinished run that saved no checkpoint yet
+// (stopped before its first save) starts again from step 0 in place; a
+// finished run is never written over.
+bool Trainer::continues_run_in(const std::filesystem::path& out_dir) {
+  if (resumed_ || options_.restart > 0 || options_.eval_only) return true;
+  std::error_code ec;
+  const std::filesystem::path metrics = out_dir / "metrics.jsonl";
+  if (!std::filesystem::exists(metrics, ec)) return false;
+  if (ends_finished_run(metrics)) {
+    throw ConfigError("train.out_dir",
+                      fmt::format("'{}' already holds a finished run (metrics.jsonl) and no checkpoint to go on "
+                                  "from; nothing there is overwritten: choose a new directory with --set "
+                                  "train.out_dir=DIR, or move the old run away",
+                                  out_dir.string()));
+  }
+  restarted_in_place_ = true;
+  if (options_.console != nullptr) {
+    *options_.console << fmt::format("note: '{}' holds a run stopped before its first checkpoint (none in '{}'); "
+                                     "it starts again from step 0 in place and metrics.jsonl goes on (set "
+                                     "checkpoint.every_steps to save along the way)\n",
+                                     out_dir.string(), checkpointer_->root().string());
+  }
+  return true;
+}
+
+// config.json holds the first invocation's config. A later one (a resume, a
+// restart) with a different config writes config.2.json, config.3.json, ...:
+// each invocation's config is kept and nothing already there is overwritten.
+// Returns the file that holds this invocation's config.
+std::filesystem::path Trainer::write_run_config(const std::filesystem::path& out_dir) const {
+  const std::string text = config_to_json(config_);
+  std::filesystem::path path = out_dir / "config.json";
+  for (int n = 2;; ++n) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) break;
+    if (read_text(path) == text) return path;  // this config is there already
+    path = out_dir / fmt::format("config.{}.json", n);
+  }
+  std::ofstream out(path);
+  out << text;
+  if (!out.flush()) throw IoError(fmt::format("cannot write '{}'; choose a writable train.out_dir", path.string()));
+  return path;
+}
+
 void Trainer::open_outputs() {
   const config::Train& t = config_.train();
   if (options_.write_outputs && is_rank0()) {
     const std::filesystem::path out_dir = t.out_dir();
-    std::error_code ec;
-    if (!resumed_ && options_.restart == 0 && std::filesystem::exists(out_dir / "metrics.jsonl", ec)) {
-      throw ConfigError("train.out_dir",
-                        fmt::format("'{}' already holds a run (metrics.jsonl); nothing there is "
-                                    "overwritten: choose a new directory with --set "
-                                    "train.out_dir=DIR, or move the old run away",
-                                    out_dir.string()));
-    }
-    // A resumed run continues its metrics.jsonl (steps after the checkpoint
-    // that a crash cut short appear again, from the resumed step on).
-    metrics_ = std::make_unique<MetricsWriter>(out_dir, resumed_.has_value() || options_.restart > 0);
-    const std::filesystem::path cfg_path = out_dir / "config.json";
-    std::ofstream out(cfg_path);
-    out << config_to_json(config_);
-    if (!out.flush()) throw IoError(fmt::format("cannot write '{}'", cfg_path.string()));
+    // A continued run appends to its metrics.jsonl (steps after the
+    // checkpoint that a crash cut short appear again, from the resumed step on).
+    metrics_ = std::make_unique<MetricsWriter>(out_dir, continues_run_in(out_dir));
+    if (options_.eval_only) return;  // scores a checkpoint: no config, no events
+    config_file_ = write_run_config(out_dir);
     open_tensorboard();
   }
   if (const std::optional<TraceSteps> traced = parse_trace_steps(t.trace_steps())) {
@@ -275,7 +363,7 @@ void Trainer::open_outputs() {
 void Trainer::open_tensorboard() {
   const config::Train& t = config_.train();
   if (t.tensorboard_dir().empty()) return;
-  const bool continuing = resumed_.has_value() || options_.restart > 0;
+  const bool continuing = resumed_.has_value() || options_.restart > 0 || restarted_in_place_;
   tensorboard_ = std::make_unique<TensorBoardLog>(t.tensorboard_dir(),
                                                   continuing ? std::optional<std::int64_t>(step_ + 1) : std::nullopt,
                                                   config_to_json(config_), std::cerr);

@@ -1,5 +1,6 @@
 #include "core/cuda/check.h"
 
+#include <filesystem>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -38,7 +39,14 @@ int device_count(std::string* why) {
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    if (why != nullptr) {
+    if (why == nullptr) return 0;
+    // Without any driver the runtime says its version is "insufficient",
+    // which reads as "upgrade the driver" on a machine that has none.
+    std::error_code ec;
+    if (e == cudaErrorInsufficientDriver && !std::filesystem::exists("/proc/driver/nvidia/version", ec)) {
+      *why = "no NVIDIA driver was found (no /proc/driver/nvidia/version): this machine has no GPU driver loaded; "
+             "run on a GPU machine or use device=cpu";
+    } else {
       *why = fmt::format("no usable CUDA device: {} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
     }
     return 0;

@@ -165,6 +165,49 @@ TEST(Launch, SignalIsForwardedAndWorkersSaveBeforeTheLauncherExits) {
   EXPECT_THAT(out, HasSubstr("workers saved and exited; exiting as stopped by SIGTERM"));
 }
 
+// Ctrl-C at the terminal reaches the launcher (each rank has its own process
+// group); it forwards SIGINT, the workers save as for SIGTERM, and the same
+// command started again resumes from that checkpoint.
+TEST(Launch, CtrlCSavesAndTheSameCommandResumes) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const std::string log = dir.file("launch.log");
+  const std::vector<std::string> args = {"--standalone", "--nproc-per-node", "2", "--log-dir", dir.file("logs")};
+  auto launch = start_launch(args, worker_command(config, dir / "run", {"train.steps=100000"}), log);
+  ASSERT_FALSE(wait_for_text(log, "step +10/100000", 60s).empty()) << read_file(log);
+  ::kill(launch.pid, SIGINT);
+  std::vector<Spawned> procs{launch};
+  ASSERT_TRUE(wait_all(procs, 60s)) << read_file(log);
+  const std::string out = read_file(log);
+  EXPECT_EQ(procs[0].exit_code(), 128 + SIGINT) << out;
+  EXPECT_THAT(out, HasSubstr("received SIGINT; forwarded to the workers (they save a checkpoint and exit)"));
+  EXPECT_THAT(out, HasSubstr("on signal 2: checkpoint saved"));
+  EXPECT_THAT(out, HasSubstr("workers saved and exited; exiting as stopped by SIGINT"));
+
+  const std::string again_log = dir.file("again.log");
+  auto again = start_launch(args, worker_command(config, dir / "run", {"train.steps=100000"}), again_log);
+  ASSERT_FALSE(wait_for_text(again_log, "resumed from .*step_", 60s).empty()) << read_file(again_log);
+  ::kill(again.pid, SIGTERM);
+  std::vector<Spawned> more{again};
+  ASSERT_TRUE(wait_all(more, 60s)) << read_file(again_log);
+}
+
+// --peak-flops reaches the workers, whose progress lines then show the MFU.
+TEST(Launch, PeakFlopsGivesTheWorkersConsoleTheMfu) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const std::string log = dir.file("launch.log");
+  auto launch = start_launch({"--standalone", "--nproc-per-node", "1", "--peak-flops", "2e9", "--log-dir",
+                              dir.file("logs")},
+                             worker_command(config, dir / "run", {"train.steps=5"}), log);
+  std::vector<Spawned> procs{launch};
+  ASSERT_TRUE(wait_all(procs, 60s)) << read_file(log);
+  const std::string out = read_file(log);
+  EXPECT_EQ(procs[0].exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("MFU over a peak of 2e+09 FLOP/s"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("step +5/5 \\|.* [GT]FLOP/s MFU [0-9.]+%"));
+}
+
 TEST(Launch, StoreRefusesAWrongTokenAndTheTokenStaysOutOfOutputAndCommandLines) {
   TempDir dir;
   const std::string log = dir.file("launch.log");

@@ -109,7 +109,7 @@ TEST(Worker, RefusesToOverwriteAnEarlierRun) {
   const CommandResult again = worker(config.string(), out);
   EXPECT_EQ(again.exit_code, 2);
   EXPECT_NE(again.output.find("train.out_dir"), std::string::npos) << again.output;
-  EXPECT_NE(again.output.find("already holds a run"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("already holds a finished run"), std::string::npos) << again.output;
   EXPECT_EQ(read_file(dir / "run" / "metrics.jsonl"), before);
 }
 

@@ -337,7 +337,6 @@ INSTANTIATE_TEST_SUITE_P(
         Rule{{"optimizer.beta2=1"}, "optimizer.beta2"}, Rule{{"optimizer.eps=0"}, "optimizer.eps"},
         Rule{{"optimizer.weight_decay=-1"}, "optimizer.weight_decay"},
         Rule{{"optimizer.grad_clip=-1"}, "optimizer.grad_clip"},
-        Rule{{"schedule.warmup_steps=101"}, "schedule.warmup_steps"},
         Rule{{"schedule.warmup_steps=-1"}, "schedule.warmup_steps"},
         Rule{{"schedule.decay=step"}, "schedule.decay"},
         Rule{{"schedule.min_lr_ratio=1.5"}, "schedule.min_lr_ratio"},
@@ -348,6 +347,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rule{{"train.eval_every=-1"}, "train.eval_every"},
         Rule{{"train.eval_batches=0"}, "train.eval_batches"},
         Rule{{"parallel.backend=tcp"}, "parallel.backend"},
+        Rule{{"parallel.backend=nccl"}, "parallel.backend"},  // device cpu (the default)
         Rule{{"parallel.zero_stage=4"}, "parallel.zero_stage"},
         Rule{{"parallel.bucket_mb=0"}, "parallel.bucket_mb"},
         Rule{{"parallel.first_bucket_mb=-1"}, "parallel.first_bucket_mb"},
@@ -356,6 +356,20 @@ INSTANTIATE_TEST_SUITE_P(
         Rule{{"checkpoint.every_steps=-1"}, "checkpoint.every_steps"},
         Rule{{"checkpoint.keep_last=0"}, "checkpoint.keep_last"},
         Rule{{"precision=fp8"}, "precision"}, Rule{{"device=tpu"}, "device"}));
+
+// A short trial of a long config: the warmup is clamped to the run, with a
+// warning, instead of the run being refused.
+TEST(Config, WarmupAboveStepsIsClampedWithAWarning) {
+  ::testing::internal::CaptureStderr();
+  const config::Config c = parse_config_json(kMinimalLm, {"train.steps=7", "schedule.warmup_steps=101"});
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(c.schedule().warmup_steps(), 7);
+  EXPECT_THAT(warning, HasSubstr("schedule.warmup_steps is 101 but train.steps only 7"));
+  EXPECT_THAT(warning, HasSubstr("clamped to 7"));
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(parse_config_json(kMinimalLm, {"train.steps=7", "schedule.warmup_steps=7"}).schedule().warmup_steps(), 7);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
 
 TEST(Config, FashionMnistNeedsTenClasses) {
   EXPECT_EQ(config_error([] { parse_config_json(kMinimalClassifier, {"model.num_classes=5"}); })
