@@ -157,7 +157,9 @@ INSTANTIATE_TEST_SUITE_P(
     PrecisionsAndModels, CudaParity,
     ::testing::Combine(::testing::Values("fp32", "bf16", "fp16"),
                        ::testing::Values(Case{"lm", {}}, Case{"lm_dropout_tied", {.dropout = 0.1, .tie = true}},
-                                         Case{"classifier", {}, true})),
+                                         Case{"classifier", {}, true},
+                                         Case{"llama_dropout_tied", {.dropout = 0.1, .tie = true, .llama = true}},
+                                         Case{"llama_full_recompute", {.llama = true, .recompute = "full"}})),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 
 class CudaZero : public CudaTraining, public ::testing::WithParamInterface<std::tuple<int, int>> {};
@@ -187,21 +189,24 @@ TEST_F(CudaTraining, Zero3InHalfPrecisionFollowsTheCpu) {
 // the CPU's logits from the same initial parameters: within 1e-4 (absolute
 // and relative; the products sum in another order).
 TEST_F(CudaTraining, DecodesAsTheCpuDoes) {
-  std::vector<std::vector<float>> logits;
-  for (const std::string device : {"cpu", "cuda"}) {
-    Trainer trainer(tiny(device), quiet());
-    const std::int64_t vocab = trainer.model().vocab_size;
-    std::unique_ptr<nn::Model> model = trainer.device().make_model(trainer.model(), trainer.layout(), 1,
-                                                                    trainer.seq_len());
-    model->bind(trainer.engine().pointers());
-    const std::vector<std::int32_t> tokens{1, 2, 3, 4, 5, 7};
-    std::vector<float> out(tokens.size() * static_cast<std::size_t>(vocab));
-    model->decode(tokens.data(), 5, 0, out.data());
-    model->decode(tokens.data() + 5, 1, 5, out.data() + 5 * vocab);
-    logits.push_back(std::move(out));
-  }
-  for (std::size_t i = 0; i < logits[0].size(); ++i) {
-    ASSERT_NEAR(logits[1][i], logits[0][i], 1e-4 + 1e-4 * std::abs(logits[0][i])) << "logit " << i;
+  for (bool llama : {false, true}) {  // and the LLaMA family's block: rotary positions, one key/value head
+    std::vector<std::vector<float>> logits;
+    for (const std::string device : {"cpu", "cuda"}) {
+      Trainer trainer(tiny(device, 0, 2, Variant{.llama = llama}), quiet());
+      const std::int64_t vocab = trainer.model().vocab_size;
+      std::unique_ptr<nn::Model> model = trainer.device().make_model(trainer.model(), trainer.layout(), 1,
+                                                                      trainer.seq_len());
+      model->bind(trainer.engine().pointers());
+      const std::vector<std::int32_t> tokens{1, 2, 3, 4, 5, 7};
+      std::vector<float> out(tokens.size() * static_cast<std::size_t>(vocab));
+      model->decode(tokens.data(), 5, 0, out.data());
+      model->decode(tokens.data() + 5, 1, 5, out.data() + 5 * vocab);
+      logits.push_back(std::move(out));
+    }
+    for (std::size_t i = 0; i < logits[0].size(); ++i) {
+      ASSERT_NEAR(logits[1][i], logits[0][i], 1e-4 + 1e-4 * std::abs(logits[0][i]))
+          << "logit " << i << (llama ? ", llama" : "");
+    }
   }
 }
 
