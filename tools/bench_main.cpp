@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/command_line.h"
+#include "core/openmp_wait.h"
 #include "core/process.h"
 #include "tools/bench_collectives.h"
 #include "tools/bench_checkpoint.h"
@@ -80,6 +81,7 @@ CLI::App* add_checkpoint_command(CLI::App& app, dtrain::tools::CheckpointBenchOp
 }
 
 int main(int argc, char** argv) {
+  dtrain::choose_openmp_wait_policy(argv);  // first: it may execute the program again
   CLI::App app{"dtrain-bench: training and communication benchmarks"};
   app.require_subcommand(1);
   dtrain::tools::TrainBenchOptions train;

@@ -15,6 +15,7 @@
 #include "comm/connect.h"
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/openmp_wait.h"
 #include "core/process.h"
 #include "nn/cpu/host_device.h"
 #include "nn/cpu/isa.h"
@@ -265,6 +266,7 @@ int run_train_bench(const TrainBenchOptions& options) {
                            static_cast<double>(t.faults) / options.steps);
   std::cout << fmt::format("peak_rss_mb: {:.1f}\n", peak_rss_mb());
   std::cout << fmt::format("threads: {}\n", omp_get_max_threads());
+  std::cout << fmt::format("omp_wait_policy: {}\n", openmp_wait_policy());
   std::cout << fmt::format("cpu_model: {}\n", cpu_model_name());
   std::cout << fmt::format("cpu_isa: {}\n", nn::cpu::cpu_isa_name());
   if (!cuda) std::cout << fmt::format("gemm_kernel: {}\n", nn::cpu::gemm_kernel_name());

@@ -9,9 +9,11 @@
 #include <fmt/format.h>
 
 #include "core/command_line.h"
+#include "core/openmp_wait.h"
 #include "tools/generate.h"
 
 int main(int argc, char** argv) {
+  dtrain::choose_openmp_wait_policy(argv);  // first: it may execute the program again
   CLI::App app{"dtrain-generate: sample from a dtrain language model checkpoint"};
   dtrain::tools::GenerateOptions o;
   bool stats = false;

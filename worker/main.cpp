@@ -15,6 +15,7 @@
 #include "comm/connect.h"
 #include "core/command_line.h"
 #include "core/error.h"
+#include "core/openmp_wait.h"
 #include "core/plugin.h"
 #include "core/process.h"
 #include "telemetry/metrics_http.h"
@@ -179,7 +180,8 @@ void print_start(const dtrain::config::Config& config, const dtrain::cluster::En
                  const dtrain::comm::Communicator& comm, double peak_flops) {
   const std::string device = config.device() == "cuda"
                                  ? fmt::format("cuda:{}", dtrain::comm::cuda_device_for(env))
-                                 : fmt::format("cpu, {} OpenMP thread(s) per rank", omp_get_max_threads());
+                                 : fmt::format("cpu, {} OpenMP thread(s) per rank ({} wait)", omp_get_max_threads(),
+                                               dtrain::openmp_wait_policy());
   std::cout << fmt::format("dtrain-worker: {} model, {} steps, out_dir {}, {} rank(s) ({}), backend {}, "
                            "ZeRO stage {} | device {} | precision {} | MFU {}\n",
                            config.model().kind(), config.train().steps(), config.train().out_dir(),
@@ -286,6 +288,7 @@ int train(const WorkerArgs& args) {
 // unexpected one 3; a failed collective may leave a comm thread that never
 // returns, hence an exit at once (core/command_line.h: run_main).
 int main(int argc, char** argv) {
+  dtrain::choose_openmp_wait_policy(argv);  // first: it may execute the program again
   return dtrain::run_main(
       "dtrain-worker",
       [&] {

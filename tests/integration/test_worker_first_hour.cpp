@@ -148,7 +148,7 @@ TEST(WorkerFirstHour, ConsoleSpeaksEarlyAndSaysWhatRunsWhere) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ContainsRegex("step +1/10 \\| loss"));
   EXPECT_THAT(r.output, ContainsRegex("step +5/10 \\| .* [0-9.]+ [GT]FLOP/s \\| RSS [0-9]+ MiB \\| ETA"));
-  EXPECT_THAT(r.output, ContainsRegex("device cpu, [0-9]+ OpenMP thread\\(s\\) per rank \\| precision fp32"));
+  EXPECT_THAT(r.output, ContainsRegex("device cpu, [0-9]+ OpenMP thread\\(s\\) per rank \\(.* wait\\) \\| precision fp32"));
   EXPECT_THAT(r.output, Not(ContainsRegex("MFU [0-9]")));  // no peak, no MFU figure
   EXPECT_THAT(r.output, HasSubstr("done: 10 steps in"));
 
@@ -156,6 +156,26 @@ TEST(WorkerFirstHour, ConsoleSpeaksEarlyAndSaysWhatRunsWhere) {
       worker(config, "--peak-flops 1e9 --set train.steps=5 --set train.out_dir=" + (dir / "b").string());
   ASSERT_EQ(peak.exit_code, 0) << peak.output;
   EXPECT_THAT(peak.output, ContainsRegex("FLOP/s MFU [0-9.]+%"));
+}
+
+// OpenMP threads wait passively unless the environment chooses (core/openmp_wait.h).
+TEST(WorkerFirstHour, OpenMpThreadsWaitPassivelyUnlessTheEnvironmentChooses) {
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const std::string run = fmt::format("{}/dtrain-worker --config {} --set train.steps=1 --set train.out_dir=",
+                                      bin_dir(), config.string());
+  const CommandResult plain =
+      run_command("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_NUM_THREADS=2 " + run + (dir / "a").string());
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_THAT(plain.output, HasSubstr("2 OpenMP thread(s) per rank (passive wait)"));
+  const CommandResult active =
+      run_command("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active " + run + (dir / "b").string());
+  ASSERT_EQ(active.exit_code, 0) << active.output;
+  EXPECT_THAT(active.output, HasSubstr("(active wait)"));
+  const CommandResult spin =
+      run_command("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=1000 " + run + (dir / "c").string());
+  ASSERT_EQ(spin.exit_code, 0) << spin.output;
+  EXPECT_THAT(spin.output, HasSubstr("(spin count 1000 wait)"));
 }
 
 // train.steps below schedule.warmup_steps runs, clamped, with a warning.
