@@ -148,7 +148,8 @@ TEST(WorkerFirstHour, ConsoleSpeaksEarlyAndSaysWhatRunsWhere) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ContainsRegex("step +1/10 \\| loss"));
   EXPECT_THAT(r.output, ContainsRegex("step +5/10 \\| .* [0-9.]+ [GT]FLOP/s \\| RSS [0-9]+ MiB \\| ETA"));
-  EXPECT_THAT(r.output, ContainsRegex("device cpu, [0-9]+ OpenMP thread\\(s\\) per rank \\(.* wait\\) \\| precision fp32"));
+  EXPECT_THAT(r.output,
+              ContainsRegex("device cpu, [0-9]+ OpenMP thread\\(s\\) per rank \\(.* wait\\) \\| precision fp32"));
   EXPECT_THAT(r.output, Not(ContainsRegex("MFU [0-9]")));  // no peak, no MFU figure
   EXPECT_THAT(r.output, HasSubstr("done: 10 steps in"));
 
