@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "export/onnx_model.h"
 #include "export/onnx_writer.h"
+#include "export/safetensors.h"
 #include "export/triton_config.h"
 #include "tools/ckpt_commands.h"
 #include "tools/checkpoint_model.h"
@@ -34,20 +35,12 @@ namespace fs = std::filesystem;
 // are; safetensors is little-endian too, so the bytes pass through unchanged.
 static_assert(std::endian::native == std::endian::little, "dtrain-ckpt assumes a little-endian host");
 
-// The safetensors header: tensors in layout order, back to back, then the
-// metadata; padded with spaces to a multiple of 8 so the data is aligned.
-std::string safetensors_header(const ck::Manifest& manifest, const nn::ParameterLayout& layout) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  std::uint64_t offset = 0;
-  for (const nn::ParamSpec& p : layout.params()) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(p.numel) * sizeof(float);
-    header[p.name] = {{"dtype", "F32"}, {"shape", p.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  // Self-describing: the model's shape and conventions, as strings (safetensors' rule).
+// The safetensors metadata: the model's shape and conventions, as strings
+// (safetensors' rule), so that the file describes itself.
+nlohmann::ordered_json safetensors_metadata(const ck::Manifest& manifest) {
   const nn::ModelConfig m = worker::model_config(worker::parse_config_json(manifest.config_json()));
   const bool lm = m.kind == nn::ModelConfig::Kind::lm;
-  header["__metadata__"] = {
+  return {
       {"format", "pt"},
       {"source", "dtrain"},
       {"step", std::to_string(manifest.step())},
@@ -77,9 +70,6 @@ std::string safetensors_header(const ck::Manifest& manifest, const nn::Parameter
       {"lm_head_bias", "none"},
       {"config", manifest.config_json()},
   };
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  return text;
 }
 
 // Reads block b's parameters through the resharding reads (which check every
@@ -96,22 +86,6 @@ exporter::BlockReader block_reader(ck::Env& env, const fs::path& step, const ck:
                                 "intact; export one of those", e.what(), step.parent_path().string()));
     }
   };
-}
-
-// Header, then every block's params cut into its parameters.
-void write_safetensors(const exporter::BlockReader& read, const ck::Manifest& manifest,
-                       const nn::ParameterLayout& layout, ck::WritableFile& file) {
-  const std::string header = safetensors_header(manifest, layout);
-  const std::uint64_t n = header.size();
-  unsigned char size_le[8];
-  for (int i = 0; i < 8; ++i) size_le[i] = static_cast<unsigned char>(n >> (8 * i));
-  file.append(size_le, sizeof size_le);
-  file.append(header.data(), header.size());
-  for (int b = 0; b < layout.num_blocks(); ++b) {
-    std::vector<float> block(static_cast<std::size_t>(layout.blocks()[static_cast<std::size_t>(b)].numel));
-    read(b, block);
-    file.append(block.data(), block.size() * sizeof(float));  // the block's params, back to back in layout order
-  }
 }
 
 // Streams the model into `file` block by block (export/onnx_writer.h).
@@ -224,7 +198,10 @@ int run_ckpt_export(const CkptExportOptions& options, std::ostream& out) {
   const exporter::BlockReader read = block_reader(env, step, manifest, model.layout);
 
   if (options.format == "safetensors") {
-    write_new_file(env, options.out, [&](ck::WritableFile& f) { write_safetensors(read, manifest, model.layout, f); });
+    write_new_file(env, options.out, [&](ck::WritableFile& f) {
+      exporter::write_safetensors(model.layout, safetensors_metadata(manifest), read,
+                                  [&f](const void* data, std::size_t n) { f.append(data, n); });
+    });
     out << fmt::format("exported {} parameters ({} tensors) of step {} to {}\n", model.layout.total_numel(),
                        model.layout.params().size(), manifest.step(), options.out.string());
     return 0;

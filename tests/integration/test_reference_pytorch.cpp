@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "data/token_shard.h"
+#include "export/safetensors.h"
 #include "nn/parameters.h"
 #include "nn/transformer.h"
 #include "support/run_command.h"
@@ -107,24 +108,14 @@ std::vector<std::uint16_t> token_stream(std::size_t n, std::uint32_t seed) {
 // step: safetensors, F32, layout order.
 void write_initial_parameters(const nn::ParameterLayout& layout, std::uint64_t seed, const std::string& path) {
   nn::ParameterStore store(layout, seed);
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  std::uint64_t offset = 0;
-  for (const nn::ParamSpec& p : layout.params()) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(p.numel) * sizeof(float);
-    header[p.name] = {{"dtype", "F32"}, {"shape", p.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  header["__metadata__"] = {{"format", "pt"}, {"step", "0"}};
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
   std::ofstream out(path, std::ios::binary);
-  const std::uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
-  out << text;
-  for (const nn::ParamSpec& p : layout.params()) {
-    const float* data = store.params().data() + layout.block_offset(p.block) + p.offset;
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(p.numel * sizeof(float)));
-  }
+  exporter::write_safetensors(
+      layout, {{"format", "pt"}, {"step", "0"}},
+      [&](int b, std::span<float> block) {
+        const float* data = store.params().data() + layout.block_offset(b);
+        std::copy(data, data + block.size(), block.begin());
+      },
+      [&](const void* data, std::size_t n) { out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n)); });
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 

@@ -163,20 +163,19 @@ TEST(WorkerFirstHour, ConsoleSpeaksEarlyAndSaysWhatRunsWhere) {
 TEST(WorkerFirstHour, OpenMpThreadsWaitPassivelyUnlessTheEnvironmentChooses) {
   TempDir dir;
   const auto config = dir.write("tiny.json", kTinyLm);
-  const std::string run = fmt::format("{}/dtrain-worker --config {} --set train.steps=1 --set train.out_dir=",
-                                      bin_dir(), config.string());
-  const CommandResult plain =
-      run_command("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_NUM_THREADS=2 " + run + (dir / "a").string());
-  ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  EXPECT_THAT(plain.output, HasSubstr("2 OpenMP thread(s) per rank (passive wait)"));
-  const CommandResult active =
-      run_command("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active " + run + (dir / "b").string());
-  ASSERT_EQ(active.exit_code, 0) << active.output;
-  EXPECT_THAT(active.output, HasSubstr("(active wait)"));
-  const CommandResult spin =
-      run_command("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=1000 " + run + (dir / "c").string());
-  ASSERT_EQ(spin.exit_code, 0) << spin.output;
-  EXPECT_THAT(spin.output, HasSubstr("(spin count 1000 wait)"));
+  const std::pair<const char*, const char*> cases[] = {
+      {"env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_NUM_THREADS=2", "2 OpenMP thread(s) per rank (passive wait)"},
+      {"env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active", "(active wait)"},
+      {"env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=1000", "(spin count 1000 wait)"}};
+  int i = 0;
+  for (const auto& [environment, said] : cases) {
+    const CommandResult r = run_command(fmt::format("{} {}/dtrain-worker --config {} --set train.steps=1 --set "
+                                                    "train.out_dir={}",
+                                                    environment, bin_dir(), config.string(),
+                                                    (dir / std::to_string(i++)).string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(said)) << environment;
+  }
 }
 
 // train.steps below schedule.warmup_steps runs, clamped, with a warning.

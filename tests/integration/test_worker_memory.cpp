@@ -37,6 +37,12 @@ double mib_after(const std::string& text, const std::string& label) {
   return std::stod(m[1].str());
 }
 
+// dtrain-worker on lm-small with `settings` (--set ...), writing to `out`.
+std::string lm_small(const std::string& settings, const std::filesystem::path& out) {
+  return fmt::format("{}/dtrain-worker --config {}/examples/configs/lm-small.json {} --set train.out_dir={}", bin_dir(),
+                     source_dir(), settings, out.string());
+}
+
 class WorkerMemory : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(WorkerMemory, DryRunEstimatesThePeakOfTheRealRunWithinTenPercent) {
@@ -73,11 +79,12 @@ TEST(WorkerMemoryRecompute, EachModeFitsItsPlanAndLowersThePeak) {
   TempDir dir;
   std::vector<double> peaks;
   for (const char* mode : {"none", "selective", "full"}) {
-    const std::string worker = fmt::format(
-        "OMP_NUM_THREADS=1 {}/dtrain-worker --config {}/examples/configs/lm-small.json --set model.recompute={} "
-        "--set train.micro_batch_size=64 --set train.steps=2 --set schedule.warmup_steps=1 "
-        "--set train.eval_batches=1 --set train.out_dir={}",
-        bin_dir(), source_dir(), mode, (dir.path() / mode).string());
+    const std::string worker =
+        "OMP_NUM_THREADS=1 " + lm_small(fmt::format("--set model.recompute={} --set train.micro_batch_size=64 --set "
+                                                    "train.steps=2 --set schedule.warmup_steps=1 --set "
+                                                    "train.eval_batches=1",
+                                                    mode),
+                                        dir.path() / mode);
     const CommandResult dry = run_command(worker + " --dry-run");
     ASSERT_EQ(dry.exit_code, 0) << dry.output;
     const double estimate = mib_after(dry.output, "host total");
@@ -96,17 +103,13 @@ TEST(WorkerMemoryRecompute, EachModeFitsItsPlanAndLowersThePeak) {
 // it fit (DTRAIN_MEMORY_LIMIT_MB puts the limit between the two plans).
 TEST(WorkerMemoryRecompute, ARefusalNamesTheRecomputeThatFits) {
   TempDir dir;
-  const std::string worker = fmt::format(
-      "{}/dtrain-worker --config {}/examples/configs/lm-small.json --set train.micro_batch_size=64 "
-      "--set train.out_dir={} --dry-run",
-      bin_dir(), source_dir(), (dir.path() / "run").string());
+  const std::string worker = lm_small("--set train.micro_batch_size=64 --dry-run", dir.path() / "run");
   const CommandResult none = run_command(worker);
   const CommandResult full = run_command(worker + " --set model.recompute=full");
   ASSERT_EQ(none.exit_code, 0) << none.output;
   ASSERT_EQ(full.exit_code, 0) << full.output;
   const double limit = (mib_after(none.output, "host total") + mib_after(full.output, "host total")) / 2;
-  const CommandResult refused =
-      run_command(fmt::format("DTRAIN_MEMORY_LIMIT_MB={:.0f} {}", limit, worker));
+  const CommandResult refused = run_command(fmt::format("DTRAIN_MEMORY_LIMIT_MB={:.0f} {}", limit, worker));
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr("it fits with model.recompute=\"full\" (activations"));
   const CommandResult bad = run_command("DTRAIN_MEMORY_LIMIT_MB=lots " + worker);
@@ -116,10 +119,9 @@ TEST(WorkerMemoryRecompute, ARefusalNamesTheRecomputeThatFits) {
 
 TEST(WorkerMemoryLimit, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
   TempDir dir;
-  const std::string worker = fmt::format(
-      "{}/dtrain-worker --config {}/examples/configs/lm-small.json --set model.d_model=16384 --set model.n_heads=16 "
-      "--set model.n_layers=64 --set model.d_ff=65536 --set train.out_dir={}",
-      bin_dir(), source_dir(), (dir.path() / "run").string());
+  const std::string worker = lm_small(
+      "--set model.d_model=16384 --set model.n_heads=16 --set model.n_layers=64 --set model.d_ff=65536",
+      dir.path() / "run");
   for (const std::string& extra : {std::string(), std::string(" --dry-run")}) {
     const CommandResult r = run_command(worker + extra);
     EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -92,6 +92,22 @@ TEST(CheckpointResume, SameWorldAndStageContinuesBitwiseIdentically) {
   }
 }
 
+// `rest` resumed at step 6 of the 9 that `whole` made without stopping: its
+// three losses and the final parameters (L2) within `tolerance` relative.
+void expect_continues_within(const RunResult& rest, const RunResult& whole, double tolerance) {
+  EXPECT_EQ(rest.resumed_at, 6);
+  ASSERT_EQ(rest.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], tolerance * std::abs(whole.losses[6 + i])) << "step " << 7 + i;
+  }
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < whole.params.size(); ++i) {
+    diff += (rest.params[i] - whole.params[i]) * static_cast<double>(rest.params[i] - whole.params[i]);
+    norm += whole.params[i] * static_cast<double>(whole.params[i]);
+  }
+  EXPECT_LE(std::sqrt(diff / norm), tolerance);
+}
+
 // The LLaMA family's block: stopped and resumed on the same ranks, bitwise;
 // resharded from 2 ranks to 3, within 1e-6.
 TEST(CheckpointResume, LlamaFamilyResumesBitwiseAndReshards) {
@@ -108,18 +124,7 @@ TEST(CheckpointResume, LlamaFamilyResumesBitwiseAndReshards) {
   testing::TempDir a, b;
   const RunResult whole = run(2, 1, 9, a.str(), "none", true, true);
   run(2, 1, 6, b.str(), "auto", true, true);
-  const RunResult rest = run(3, 3, 9, b.str(), "auto", false, true);
-  EXPECT_EQ(rest.resumed_at, 6);
-  ASSERT_EQ(rest.losses.size(), 3u);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], 1e-6 * std::abs(whole.losses[6 + i])) << "step " << 7 + i;
-  }
-  double diff = 0.0, norm = 0.0;
-  for (std::size_t i = 0; i < whole.params.size(); ++i) {
-    diff += (rest.params[i] - whole.params[i]) * static_cast<double>(rest.params[i] - whole.params[i]);
-    norm += whole.params[i] * static_cast<double>(whole.params[i]);
-  }
-  EXPECT_LE(std::sqrt(diff / norm), 1e-6);
+  expect_continues_within(run(3, 3, 9, b.str(), "auto", false, true), whole, 1e-6);
 }
 
 struct Reshard {
@@ -136,18 +141,7 @@ TEST_P(CheckpointReshard, ContinuesWithinToleranceOfTheUninterruptedRun) {
   testing::TempDir a, b;
   const RunResult whole = run(c.from_world, c.from_stage, 9, a.str(), "none");
   run(c.from_world, c.from_stage, 6, b.str());
-  const RunResult rest = run(c.to_world, c.to_stage, 9, b.str(), "auto", /*save=*/false);
-  EXPECT_EQ(rest.resumed_at, 6);
-  ASSERT_EQ(rest.losses.size(), 3u);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], 1e-5 * std::abs(whole.losses[6 + i])) << "step " << 7 + i;
-  }
-  double diff = 0.0, norm = 0.0;
-  for (std::size_t i = 0; i < whole.params.size(); ++i) {
-    diff += (rest.params[i] - whole.params[i]) * static_cast<double>(rest.params[i] - whole.params[i]);
-    norm += whole.params[i] * static_cast<double>(whole.params[i]);
-  }
-  EXPECT_LE(std::sqrt(diff / norm), 1e-5);
+  expect_continues_within(run(c.to_world, c.to_stage, 9, b.str(), "auto", /*save=*/false), whole, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CheckpointReshard,
