@@ -38,11 +38,22 @@ CommandResult worker(const std::filesystem::path& config, const std::string& arg
   return run_command(fmt::format("{}/dtrain-worker --config {} {}", bin_dir(), config.string(), args));
 }
 
-// A worker that trains "forever", started in the background; its output goes to `log`.
-Spawned start_worker(const std::filesystem::path& config, const std::filesystem::path& out, const std::string& log) {
-  return spawn_process({bin_dir() + "/dtrain-worker", "--config", config.string(), "--set",
-                        "train.out_dir=" + out.string(), "--set", "train.steps=100000"},
-                       {}, log);
+// A worker training "forever" into `out`, started in the background (its
+// output in `log`), sent `signal` once it logged step `step`: the process,
+// reaped (within `timeout`), and its log.
+std::pair<Spawned, std::string> stop_worker_at(const std::filesystem::path& config, const std::filesystem::path& out,
+                                               const std::string& log, int step, int signal,
+                                               std::chrono::seconds timeout) {
+  Spawned w = spawn_process({bin_dir() + "/dtrain-worker", "--config", config.string(), "--set",
+                             "train.out_dir=" + out.string(), "--set", "train.steps=100000"},
+                            {}, log);
+  std::vector<Spawned> procs{w};
+  if (wait_for_text(log, fmt::format("step +{}/100000", step), 120s).empty()) {
+    ADD_FAILURE() << "no step " << step << ":\n" << read_file(log);
+  }
+  ::kill(w.pid, signal);
+  EXPECT_TRUE(wait_all(procs, timeout)) << read_file(log);
+  return {procs[0], read_file(log)};
 }
 
 // Ctrl-C (SIGINT) saves a checkpoint and exits 0, as SIGTERM does; the run
@@ -52,14 +63,8 @@ TEST(WorkerFirstHour, CtrlCSavesAndTheRunResumes) {
   TempDir dir;
   const auto config = dir.write("tiny.json", kTinyLm);
   const auto out = dir / "run";
-  const std::string log = dir.file("worker.log");
-  Spawned w = start_worker(config, out, log);
-  ASSERT_FALSE(wait_for_text(log, "step +10/100000", 120s).empty()) << read_file(log);
-  ::kill(w.pid, SIGINT);
-  std::vector<Spawned> procs{w};
-  ASSERT_TRUE(wait_all(procs, 120s)) << read_file(log);
-  const std::string first = read_file(log);
-  ASSERT_EQ(procs[0].exit_code(), 0) << procs[0].outcome() << "\n" << first;
+  const auto [stopped, first] = stop_worker_at(config, out, dir.file("worker.log"), 10, SIGINT, 120s);
+  ASSERT_EQ(stopped.exit_code(), 0) << stopped.outcome() << "\n" << first;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(first, m, std::regex("stopping after step ([0-9]+) on signal 2: checkpoint saved")))
       << first;
@@ -90,12 +95,7 @@ TEST(WorkerFirstHour, RunFolderWithoutCheckpointRestartsInPlace) {
   TempDir dir;
   const auto config = dir.write("tiny.json", kTinyLm);
   const auto out = dir / "run";
-  const std::string log = dir.file("worker.log");
-  Spawned w = start_worker(config, out, log);
-  ASSERT_FALSE(wait_for_text(log, "step +5/100000", 120s).empty()) << read_file(log);
-  ::kill(w.pid, SIGKILL);  // no save: nothing to resume from
-  std::vector<Spawned> procs{w};
-  ASSERT_TRUE(wait_all(procs, 30s));
+  stop_worker_at(config, out, dir.file("worker.log"), 5, SIGKILL, 30s);  // no save: nothing to resume from
   ASSERT_TRUE(std::filesystem::exists(out / "metrics.jsonl"));
   EXPECT_FALSE(std::filesystem::exists(out / "checkpoints"));
 
