@@ -12,7 +12,7 @@
 namespace dtrain::nn {
 template <class F>
 void layernorm_forward(const float* x, const float* weight, const float* bias, typename F::T* y,
-                       float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy) {
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy, float eps) {
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * c;
@@ -25,7 +25,7 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, t
       const auto d = at(xi) - m;
       return d * d;
     });
-    const float s = 1.0f / std::sqrt(var.total() / static_cast<float>(c) + kLayerNormEps);
+    const float s = 1.0f / std::sqrt(var.total() / static_cast<float>(c) + eps);
     for (std::int64_t j = 0; j < c; ++j) yi[j] = F::store((xi[j] - m) * s * weight[j] + bias[j]);
     if (x_copy != nullptr) std::memcpy(x_copy + i * c, xi, static_cast<std::size_t>(c) * sizeof(float));
     mean[i] = m;
@@ -35,7 +35,7 @@ void layernorm_forward(const float* x, const float* weight, const float* bias, t
 
 #define DTRAIN_INSTANTIATE(F)                                                                    \
   template void layernorm_forward<F>(const float*, const float*, const float*, F::T*, float*, \
-                                     float*, std::int64_t, std::int64_t, float*);
+                                     float*, std::int64_t, std::int64_t, float*, float);
 DTRAIN_FOR_EACH_FORMAT(DTRAIN_INSTANTIATE)
 #undef DTRAIN_INSTANTIATE
 

@@ -1,4 +1,4 @@
-// LayerNorm over the last dimension (eps 1e-5), as torch.nn.LayerNorm.
+// LayerNorm over the last dimension (eps 1e-5 unless given), as torch.nn.LayerNorm.
 #pragma once
 
 #include <cstdint>
@@ -13,10 +13,12 @@ inline constexpr float kLayerNormEps = 1e-5f;
 // 16-bit for the matmul that reads it; computed in f32); saves mean, rstd:
 // [n] for backward. x_copy, when given, receives x in the same pass: the
 // residual stream that the GEMM after this norm adds its branch into (so no
-// separate pass reads x again to copy it).
+// separate pass reads x again to copy it). eps: added to the variance (a
+// model's config may set another, e.g. a checkpoint trained with 1e-6).
 template <class F = cpu::F32Format>
 void layernorm_forward(const float* x, const float* weight, const float* bias, typename F::T* y,
-                       float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy = nullptr);
+                       float* mean, float* rstd, std::int64_t n, std::int64_t c, float* x_copy = nullptr,
+                       float eps = kLayerNormEps);
 
 // dy, x: [n, c]. dx: [n, c], written, or added to when accumulate_dx.
 // dweight, dbias: [c], always added to. dx_sums, when given: [c], written
