@@ -391,20 +391,23 @@ void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t 
                       typename F::T* k_cache, typename F::T* v_cache, typename F::T* out, float* scores) {
   const std::int64_t hd = s.head_dim, d = s.d_model();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const std::int64_t group = s.group();
   for (std::int64_t i = 0; i < s.seq; ++i) {  // the new rows' keys and values join the cache
-    for (std::int64_t h = 0; h < s.heads; ++h) {
+    for (std::int64_t c = 0; c < s.cache_heads(); ++c) {
       const auto bytes = static_cast<std::size_t>(hd) * sizeof(typename F::T);
-      std::memcpy(k_cache + (h * capacity + first + i) * hd, qkv + i * 3 * d + d + h * hd, bytes);
-      std::memcpy(v_cache + (h * capacity + first + i) * hd, qkv + i * 3 * d + 2 * d + h * hd, bytes);
+      const std::int64_t h = c * group;  // the group's first query head carries its keys and values
+      std::memcpy(k_cache + (c * capacity + first + i) * hd, qkv + i * 3 * d + d + h * hd, bytes);
+      std::memcpy(v_cache + (c * capacity + first + i) * hd, qkv + i * 3 * d + 2 * d + h * hd, bytes);
     }
   }
   for (std::int64_t i = 0; i < s.seq; ++i) {
     const std::int64_t seen = s.causal ? first + i + 1 : first + s.seq;
     for (std::int64_t h = 0; h < s.heads; ++h) {
       const typename F::T* q = qkv + i * 3 * d + h * hd;
+      const std::int64_t c = h / group;
       float mx = -INFINITY;
       for (std::int64_t j = 0; j < seen; ++j) {
-        const typename F::T* k = k_cache + (h * capacity + j) * hd;
+        const typename F::T* k = k_cache + (c * capacity + j) * hd;
         float dot = 0.0f;
         for (std::int64_t e = 0; e < hd; ++e) dot += F::load(q[e]) * F::load(k[e]);
         scores[j] = dot * scale;
@@ -419,7 +422,7 @@ void attention_cached(const AttentionShape& s, std::int64_t first, std::int64_t 
       typename F::T* o = out + i * d + h * hd;
       for (std::int64_t e = 0; e < hd; ++e) {
         float acc = 0.0f;
-        for (std::int64_t j = 0; j < seen; ++j) acc += scores[j] * inv * F::load(v_cache[(h * capacity + j) * hd + e]);
+        for (std::int64_t j = 0; j < seen; ++j) acc += scores[j] * inv * F::load(v_cache[(c * capacity + j) * hd + e]);
         o[e] = F::store(acc);
       }
     }

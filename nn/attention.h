@@ -20,6 +20,13 @@ namespace dtrain::nn {
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   bool causal = false;
+  // Key/value heads of grouped-query attention (0: heads). Only the
+  // key/value cache of decoding keeps them apart (attention_cached); the
+  // other kernels see every query head's keys and values (nn/rotary.h
+  // repeats them).
+  std::int64_t kv_heads = 0;
+  std::int64_t group() const { return kv_heads > 0 ? heads / kv_heads : 1; }
+  std::int64_t cache_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   std::int64_t d_model() const { return heads * head_dim; }
   std::int64_t pairs() const { return batch * heads; }                      // (batch, head) pairs
   std::int64_t head_elems() const { return batch * heads * seq * head_dim; }  // one of Q, K, V
@@ -101,9 +108,12 @@ void attention_output_grad(const AttentionShape& shape, const typename F::T* dy,
 
 // Inference with a key/value cache (decoding one sequence): the shape's seq
 // rows of qkv [seq, 3, H, hd] are positions first .. first + seq - 1; their
-// keys and values are written into k_cache and v_cache ([H, capacity, hd])
-// at those positions, and out [seq, H, hd] attends over the cached positions
-// (causally: row i sees 0 .. first + i). scores: f32 scratch of capacity.
+// keys and values are written into k_cache and v_cache ([Hkv, capacity, hd],
+// Hkv = shape.cache_heads(): under grouped-query attention one head per
+// group, the group's first, which qkv repeats over the group) at those
+// positions, and out [seq, H, hd] attends over the cached positions
+// (causally: row i sees 0 .. first + i; head h reads cache head
+// h / shape.group()). scores: f32 scratch of capacity.
 // REQUIRES: shape.batch == 1, first + shape.seq <= capacity.
 template <class F = cpu::F32Format>
 void attention_cached(const AttentionShape& shape, std::int64_t first, std::int64_t capacity,

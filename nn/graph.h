@@ -47,9 +47,11 @@
 #include "nn/attention.h"
 #include "nn/blocks.h"
 #include "nn/device.h"
+#include "nn/gelu_form.h"
 #include "nn/graph_buffers.h"
 #include "nn/hooks.h"
 #include "nn/parameters.h"
+#include "nn/rotary.h"
 #include "nn/transformer.h"
 
 namespace dtrain::nn {
@@ -172,7 +174,7 @@ class Graph final : public Model {
   Span span_;
   AttentionShape attn_shape_;
   bool decoding_ = false;
-  DeviceArray<T> k_cache_, v_cache_;  // decode: [n_layers][heads][max_seq_len][head_dim]
+  DeviceArray<T> k_cache_, v_cache_;  // decode: [n_layers][kv_heads][max_seq_len][head_dim]
   DeviceArray<float> cache_scores_;   // decode: one row of scores over the cache
   LayerParams lp_;          // a layer block's pieces' parameters (counted from the block's first)
   NormParams final_norm_;   // the head block's final norm's

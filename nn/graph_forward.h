@@ -63,7 +63,8 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
 template <class K>
 void Graph<K>::set_span(Span span) {
   span_ = span;
-  attn_shape_ = AttentionShape{span.batch, span.seq, config().n_heads, config().d_model / config().n_heads, lm()};
+  attn_shape_ = AttentionShape{span.batch, span.seq, config().n_heads, config().d_model / config().n_heads, lm(),
+                               config().kv_heads()};
 }
 
 template <class K>
@@ -242,8 +243,8 @@ void Graph<K>::decode(const std::int32_t* tokens_in, std::int64_t n, std::int64_
       throw ConfigError("model.max_seq_len", fmt::format("positions {} .. {} are past the model's {}", position,
                                                          position + n - 1, c.max_seq_len));
     }
-    if (k_cache_.size() == 0) {
-      const auto cache = static_cast<std::size_t>(c.n_layers * c.max_seq_len * c.d_model);
+    if (k_cache_.size() == 0) {  // grouped-query attention caches one head per group
+      const auto cache = static_cast<std::size_t>(c.n_layers * c.max_seq_len * c.kv_heads() * c.head_dim());
       k_cache_ = DeviceArray<T>(device_, cache);
       v_cache_ = DeviceArray<T>(device_, cache);
       cache_scores_ = DeviceArray<float>(device_, static_cast<std::size_t>(c.max_seq_len));
@@ -365,7 +366,8 @@ void Graph<K>::attention_forward(int l, int base, Layer& L) {
   }
   if constexpr (requires { &K::attention_cached; }) {
     if (decoding_) {
-      const std::int64_t capacity = c.max_seq_len, layer = static_cast<std::int64_t>(l) * capacity * d;
+      const std::int64_t capacity = c.max_seq_len;
+      const std::int64_t layer = static_cast<std::int64_t>(l) * capacity * c.kv_heads() * c.head_dim();
       k_.attention_cached(attn_shape_, span_.position, capacity, qkv, k_cache_.data() + layer,
                           v_cache_.data() + layer, L.attn.out.data(), cache_scores_.data());
     }

@@ -1,5 +1,7 @@
 #include "nn/rotary.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -69,10 +71,22 @@ Angles angles_at(const HeadsShape& shape, const float* cos, const float* sin, st
   return {cos + offset, sin + offset};
 }
 
-// One row (b, t) of qkv_heads_forward. buf: hd f32 (k's rotated head in f32), rounded: hd of F.
+// A head vector x of format F rotated forward into y (no overlap), as
+// rotate() in f32, each result rounded to F once.
 template <class F>
-void forward_row(const HeadsShape& shape, const typename F::T* packed, typename F::T* qkv, Angles a, float* buf,
-                 typename F::T* rounded) {
+inline void rotate_into(const typename F::T* __restrict x, typename F::T* __restrict y, const float* c,
+                        const float* s, std::int64_t half) {
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float x0 = F::load(x[i]), x1 = F::load(x[i + half]);
+    y[i] = F::store(x0 * c[i] - x1 * s[i]);
+    y[i + half] = F::store(x1 * c[i] + x0 * s[i]);
+  }
+}
+
+// One row (b, t) of qkv_heads_forward: a repeated head is rotated once into
+// its group's first slot, then copied.
+template <class F>
+void forward_row(const HeadsShape& shape, const typename F::T* packed, typename F::T* qkv, Angles a) {
   using T = typename F::T;
   const std::int64_t H = shape.heads, hkv = shape.kv_heads, hd = shape.head_dim, half = hd / 2;
   const std::int64_t group = shape.group();
@@ -80,25 +94,19 @@ void forward_row(const HeadsShape& shape, const typename F::T* packed, typename 
   T* q = qkv;
   T* k = qkv + H * hd;
   T* v = qkv + 2 * H * hd;
-  for (std::int64_t h = 0; h < H; ++h) {
-    const T* src = packed + h * hd;
-    if (a.cos == nullptr) {
-      std::memcpy(q + h * hd, src, bytes);
-    } else {
-      load_row<F>(src, buf, hd);
-      rotate(buf, a.cos, a.sin, half, 1.0f);
-      store_row<F>(buf, q + h * hd, hd);
-    }
+  if (a.cos == nullptr) {
+    std::memcpy(q, packed, static_cast<std::size_t>(H) * bytes);
+  } else {
+    for (std::int64_t h = 0; h < H; ++h) rotate_into<F>(packed + h * hd, q + h * hd, a.cos, a.sin, half);
   }
   for (std::int64_t g = 0; g < hkv; ++g) {
-    const T* src = packed + (H + g) * hd;
-    if (a.cos != nullptr) {
-      load_row<F>(src, buf, hd);
-      rotate(buf, a.cos, a.sin, half, 1.0f);
-      store_row<F>(buf, rounded, hd);
-      src = rounded;
+    T* first = k + g * group * hd;
+    if (a.cos == nullptr) {
+      std::memcpy(first, packed + (H + g) * hd, bytes);
+    } else {
+      rotate_into<F>(packed + (H + g) * hd, first, a.cos, a.sin, half);
     }
-    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) std::memcpy(k + h * hd, src, bytes);
+    for (std::int64_t h = g * group + 1; h < (g + 1) * group; ++h) std::memcpy(k + h * hd, first, bytes);
     const T* vsrc = packed + (H + hkv + g) * hd;
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) std::memcpy(v + h * hd, vsrc, bytes);
   }
@@ -150,20 +158,15 @@ void qkv_heads_forward(const HeadsShape& shape, const typename F::T* packed, typ
   check_shape(shape, cos != nullptr);
   const std::int64_t rows = shape.batch * shape.seq, hd = shape.head_dim;
   const std::int64_t in_w = shape.packed_width(), out_w = 3 * shape.heads * hd;
-#pragma omp parallel if (rows * out_w >= kParallelMin)
-  {
-    std::vector<float> buf(static_cast<std::size_t>(hd));
-    std::vector<typename F::T> rounded(static_cast<std::size_t>(hd));
-#pragma omp for schedule(static)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const Angles a = angles_at(shape, cos, sin, r % shape.seq);
-      forward_row<F>(shape, packed + r * in_w, qkv + r * out_w, a, buf.data(), rounded.data());
-    }
+#pragma omp parallel for schedule(static) if (rows * out_w >= kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    forward_row<F>(shape, packed + r * in_w, qkv + r * out_w, angles_at(shape, cos, sin, r % shape.seq));
   }
 }
 
-// Without d_bias, rows in parallel. With it, packed heads in parallel, each
-// over the rows in order: every column of d_bias then gets its rows added in
+// Without d_bias, rows in parallel. With it, each thread takes a range of
+// packed heads and goes over the rows in order, its heads of a row at once
+// (contiguous columns): every column of d_bias then gets its rows added in
 // order on one thread, the same sums whatever the thread count, in the same
 // single pass.
 template <class F>
@@ -173,29 +176,23 @@ void qkv_heads_backward(const HeadsShape& shape, const typename F::T* d_qkv, typ
   const std::int64_t rows = shape.batch * shape.seq, hd = shape.head_dim;
   const std::int64_t out_w = shape.packed_width(), in_w = 3 * shape.heads * hd;
   const std::int64_t packed_heads = shape.heads + 2 * shape.kv_heads;
-  if (d_bias == nullptr) {
-#pragma omp parallel if (rows * out_w >= kParallelMin)
-    {
-      std::vector<float> buf(static_cast<std::size_t>(hd));
-#pragma omp for schedule(static)
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const Angles a = angles_at(shape, cos, sin, r % shape.seq);
-        for (std::int64_t j = 0; j < packed_heads; ++j) {
-          backward_head<F>(shape, d_qkv + r * in_w, d_packed + r * out_w + j * hd, a, j, buf.data(), nullptr);
-        }
-      }
+  auto heads_of_row = [&](std::int64_t r, std::int64_t j0, std::int64_t j1, float* buf) {
+    const Angles a = angles_at(shape, cos, sin, r % shape.seq);
+    for (std::int64_t j = j0; j < j1; ++j) {
+      backward_head<F>(shape, d_qkv + r * in_w, d_packed + r * out_w + j * hd, a, j, buf,
+                       d_bias != nullptr ? d_bias + j * hd : nullptr);
     }
-    return;
-  }
+  };
 #pragma omp parallel if (rows * out_w >= kParallelMin)
   {
     std::vector<float> buf(static_cast<std::size_t>(hd));
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t j = 0; j < packed_heads; ++j) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const Angles a = angles_at(shape, cos, sin, r % shape.seq);
-        backward_head<F>(shape, d_qkv + r * in_w, d_packed + r * out_w + j * hd, a, j, buf.data(), d_bias + j * hd);
-      }
+    if (d_bias == nullptr) {
+#pragma omp for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) heads_of_row(r, 0, packed_heads, buf.data());
+    } else {
+      const std::int64_t t = omp_get_thread_num(), threads = omp_get_num_threads();
+      const std::int64_t j0 = packed_heads * t / threads, j1 = packed_heads * (t + 1) / threads;
+      for (std::int64_t r = 0; r < rows && j0 < j1; ++r) heads_of_row(r, j0, j1, buf.data());
     }
   }
 }

@@ -23,6 +23,7 @@ packages=(
   python3-venv
   # tests: a real Slurm cluster (tests/cluster), network namespaces, and PyTorch
   # for dtrain-launch's torchrun contract (tests/integration/test_launch_torchrun.cpp)
+  # and the decoder's PyTorch reference (tests/integration/test_reference_pytorch.cpp)
   slurm-wlm munge iproute2 python3-torch
   # data the examples train on
   dataset-fashion-mnist fortunes

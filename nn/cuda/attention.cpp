@@ -10,7 +10,7 @@ template <DType D>
 AttentionOps<D>::AttentionOps(Blas& blas, const AttentionShape& s, cudaStream_t stream,
                               const AttentionScratch<T>& scratch)
     : scratch_(&scratch), blas_(blas), stream_(stream), batch_(s.batch), heads_(s.heads), seq_(s.seq),
-      head_dim_(s.head_dim), causal_(s.causal) {}
+      head_dim_(s.head_dim), causal_(s.causal), cache_heads_(s.cache_heads()) {}
 
 template <DType D>
 AttentionGroup<typename AttentionOps<D>::T> AttentionOps<D>::group(const AttentionSaved<T>& saved) const {

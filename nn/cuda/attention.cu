@@ -100,12 +100,12 @@ __global__ void softmax_backward_rows_kernel(const Storage<D>* p, const float* d
 
 // The new rows' keys and values into the caches: one thread per element of [seq, H, hd].
 template <class T>
-__global__ void append_kv_kernel(const T* qkv, T* k_cache, T* v_cache, std::int64_t heads_n, std::int64_t hd,
-                                 std::int64_t first, std::int64_t capacity, std::int64_t total) {
-  const std::int64_t d = heads_n * hd;
-  detail::for_each_index(total, [=](std::int64_t x) {
-    const std::int64_t e = x % hd, h = (x / hd) % heads_n, i = x / d;
-    const std::int64_t at = (h * capacity + first + i) * hd + e;
+__global__ void append_kv_kernel(const T* qkv, T* k_cache, T* v_cache, std::int64_t heads_n, std::int64_t cache_heads,
+                                 std::int64_t hd, std::int64_t first, std::int64_t capacity, std::int64_t total) {
+  const std::int64_t d = heads_n * hd, group = heads_n / cache_heads;
+  detail::for_each_index(total, [=](std::int64_t x) {  // x over [seq, cache_heads, hd]
+    const std::int64_t e = x % hd, c = (x / hd) % cache_heads, i = x / (cache_heads * hd), h = c * group;
+    const std::int64_t at = (c * capacity + first + i) * hd + e;
     k_cache[at] = qkv[i * 3 * d + d + h * hd + e];
     v_cache[at] = qkv[i * 3 * d + 2 * d + h * hd + e];
   });
@@ -115,16 +115,18 @@ __global__ void append_kv_kernel(const T* qkv, T* k_cache, T* v_cache, std::int6
 // positions in shared memory, softmax, then the weighted sum of the values.
 template <DType D>
 __global__ void attend_cached_kernel(const Storage<D>* qkv, const Storage<D>* k_cache, const Storage<D>* v_cache,
-                                     Storage<D>* out, std::int64_t heads_n, std::int64_t seq, std::int64_t hd,
-                                     bool causal, std::int64_t first, std::int64_t capacity, float scale) {
+                                     Storage<D>* out, std::int64_t heads_n, std::int64_t group, std::int64_t seq,
+                                     std::int64_t hd, bool causal, std::int64_t first, std::int64_t capacity,
+                                     float scale) {
   using F = detail::Format<D>;
   extern __shared__ float scores[];
   const std::int64_t i = blockIdx.x / heads_n, h = blockIdx.x % heads_n, d = heads_n * hd;
   const std::int64_t seen = causal ? first + i + 1 : first + seq;
   const Storage<D>* q = qkv + i * 3 * d + h * hd;
+  const std::int64_t c = h / group;  // the cache head of h's group
   float mx = -INFINITY;
   for (std::int64_t j = threadIdx.x; j < seen; j += blockDim.x) {
-    const Storage<D>* k = k_cache + (h * capacity + j) * hd;
+    const Storage<D>* k = k_cache + (c * capacity + j) * hd;
     float dot = 0.0f;
     for (std::int64_t e = 0; e < hd; ++e) dot += F::load(q[e]) * F::load(k[e]);
     scores[j] = dot * scale;
@@ -139,7 +141,7 @@ __global__ void attend_cached_kernel(const Storage<D>* qkv, const Storage<D>* k_
   const float inv = 1.0f / detail::block_sum(sum);  // its barriers also publish every score
   for (std::int64_t e = threadIdx.x; e < hd; e += blockDim.x) {
     float acc = 0.0f;
-    for (std::int64_t j = 0; j < seen; ++j) acc += scores[j] * inv * F::load(v_cache[(h * capacity + j) * hd + e]);
+    for (std::int64_t j = 0; j < seen; ++j) acc += scores[j] * inv * F::load(v_cache[(c * capacity + j) * hd + e]);
     out[i * d + h * hd + e] = F::store(acc);
   }
 }
@@ -489,9 +491,9 @@ void AttentionOps<D>::launch_one_pass_backward(const T* q, const T* k, const T* 
 template <DType D>
 void AttentionOps<D>::cached(std::int64_t first, std::int64_t capacity, const T* qkv, T* k_cache, T* v_cache,
                              T* out) {
-  const std::int64_t elems = seq_ * heads_ * head_dim_;
-  detail::launch(append_kv_kernel<T>, elems, stream_, qkv, k_cache, v_cache, heads_, head_dim_, first, capacity,
-                 elems);
+  const std::int64_t elems = seq_ * cache_heads_ * head_dim_;
+  detail::launch(append_kv_kernel<T>, elems, stream_, qkv, k_cache, v_cache, heads_, cache_heads_, head_dim_, first,
+                 capacity, elems);
   // Rounded up to 16 bytes: the compiled kernel reads the scores with vector
   // loads that may reach past the last one to the end of its 16 bytes
   // (compute-sanitizer's memcheck flagged such reads at 9 scores).
@@ -502,7 +504,7 @@ void AttentionOps<D>::cached(std::int64_t first, std::int64_t capacity, const T*
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim_));
   attend_cached_kernel<D><<<static_cast<unsigned>(seq_ * heads_), kBlock, bytes, stream_>>>(
-      qkv, k_cache, v_cache, out, heads_, seq_, head_dim_, causal_, first, capacity, scale);
+      qkv, k_cache, v_cache, out, heads_, heads_ / cache_heads_, seq_, head_dim_, causal_, first, capacity, scale);
   DTRAIN_CUDA_LAUNCHED();
 }
 

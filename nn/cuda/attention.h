@@ -70,7 +70,7 @@ class AttentionOps {
 
   // nn::attention_cached (decoding one sequence, batch 1): the seq new rows
   // of qkv [seq, 3, H, hd] at positions first.. join k_cache and v_cache
-  // ([H, capacity, hd]), then each row attends over the positions it sees
+  // ([Hkv, capacity, hd]: one head per group of grouped-query attention), then each row attends over the positions it sees
   // into out [seq, H, hd]: one block per (row, head), the row's scores in
   // shared memory (first + seq floats), arithmetic in the CPU's order.
   void cached(std::int64_t first, std::int64_t capacity, const T* qkv, T* k_cache, T* v_cache, T* out);
@@ -88,6 +88,7 @@ class AttentionOps {
   cudaStream_t stream_;
   std::int64_t batch_, heads_, seq_, head_dim_;
   bool causal_;
+  std::int64_t cache_heads_;  // the key/value cache's heads (AttentionShape::cache_heads)
 };
 
 }  // namespace dtrain::nn::cuda

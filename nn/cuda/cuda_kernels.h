@@ -34,8 +34,13 @@
 #include "nn/cuda/layernorm.h"
 #include "nn/cuda/linear.h"
 #include "nn/cuda/residual.h"
+#include "nn/cuda/rmsnorm.h"
+#include "nn/cuda/rotary.h"
+#include "nn/cuda/swiglu.h"
+#include "nn/gelu_form.h"
 #include "nn/layernorm.h"
 #include "nn/linear.h"
+#include "nn/rotary.h"
 
 namespace dtrain::nn::cuda {
 
@@ -52,8 +57,8 @@ class CudaKernels {
 
   template <class E>
   void layernorm_forward(const float* x, const float* w, const float* b, E* y, float* mean, float* rstd,
-                         std::int64_t n, std::int64_t c, float* x_copy = nullptr) {
-    cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, kLayerNormEps, x_copy, stream_);
+                         std::int64_t n, std::int64_t c, float* x_copy = nullptr, float eps = kLayerNormEps) {
+    cuda::layernorm_forward<format<E>>(x, w, b, y, mean, rstd, n, c, eps, x_copy, stream_);
   }
   // dx_sums (when given): dx's column sums, after the layernorm (the CPU's order is not kept).
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
@@ -63,6 +68,38 @@ class CudaKernels {
     if (dx_sums == nullptr) return;
     DTRAIN_CUDA_CHECK(cudaMemsetAsync(dx_sums, 0, static_cast<std::size_t>(c) * sizeof(float), stream_));
     add_column_sums<DType::f32>(dx, dx_sums, n, c, stream_);
+  }
+
+  template <class E>
+  void rmsnorm_forward(const float* x, const float* w, E* y, float* rstd, std::int64_t n, std::int64_t c, float eps,
+                       float* x_copy = nullptr) {
+    cuda::rmsnorm_forward<format<E>>(x, w, y, rstd, n, c, eps, x_copy, stream_);
+  }
+  void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                        std::int64_t n, std::int64_t c, bool accumulate_dx) {
+    cuda::rmsnorm_backward(dy, x, w, rstd, dx, dw, n, c, accumulate_dx, stream_);
+  }
+
+  // cos, sin: the rotary table (nn::rope_table's) in device memory, or both null.
+  void qkv_heads_forward(const HeadsShape& s, const T* packed, T* qkv, const float* cos, const float* sin) {
+    require_heads(s, cos, "qkv_heads_forward");
+    cuda::qkv_heads_forward<kCompute>(packed, qkv, cos, sin, s.batch, s.seq, s.heads, s.kv_heads, s.head_dim,
+                                      s.position, stream_);
+  }
+  void qkv_heads_backward(const HeadsShape& s, const T* d_qkv, T* d_packed, const float* cos, const float* sin,
+                          float* d_bias = nullptr) {
+    require_heads(s, cos, "qkv_heads_backward");
+    cuda::qkv_heads_backward<kCompute>(d_qkv, d_packed, cos, sin, d_bias, s.batch, s.seq, s.heads, s.kv_heads,
+                                       s.head_dim, s.position, stream_);
+  }
+
+  void swiglu_forward(const T* h, T* a, std::int64_t n, std::int64_t c, std::int64_t ld_h = 0,
+                      std::int64_t ld_a = 0) {
+    cuda::swiglu_forward<kCompute>(h, a, n, c, ld_h, ld_a, stream_);
+  }
+  void swiglu_backward(const T* da, const T* h, T* d_h, float* d_bias, std::int64_t n, std::int64_t c,
+                       std::int64_t ld_a = 0, std::int64_t ld_h = 0) {
+    cuda::swiglu_backward<kCompute>(da, h, d_h, d_bias, n, c, ld_a, ld_h, stream_);
   }
 
   // y (+)= x W^T + b: one product, the bias and the accumulation in its epilogue (nn/cuda/matmul.h).
@@ -120,8 +157,8 @@ class CudaKernels {
     AttentionOps<kCompute>(*blas_, s, stream_, {}).cached(first, capacity, qkv, k_cache, v_cache, out);
   }
 
-  void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n) {
-    cuda::gelu_forward<kCompute>(x, y, dydx, n, stream_);
+  void gelu_forward(const T* x, T* y, T* dydx, std::int64_t n, GeluForm form = GeluForm::erf) {
+    cuda::gelu_forward<kCompute>(x, y, dydx, n, form, stream_);
   }
   void gelu_backward(const T* dy, const T* dydx, T* dx, float* dbias, std::int64_t n, std::int64_t c,
                      std::int64_t ld = 0) {
@@ -182,6 +219,16 @@ class CudaKernels {
     if (ld != 0 && ld != width) {
       throw Error(fmt::format("{}: rows {} elements apart, {} wide: the GPU kernels take dense rows only", what, ld,
                               width));
+    }
+  }
+
+  // A head layout the kernels would read out of bounds with (or divide by
+  // zero): refused before the launch, where the error still names the call.
+  static void require_heads(const HeadsShape& s, const float* cos, const char* what) {
+    if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0 || (cos != nullptr && s.head_dim % 2 != 0)) {
+      throw Error(fmt::format("{}: {} query heads over {} key/value heads of {} elements: the key/value heads must "
+                              "divide the query heads, and a rotated head's size must be even",
+                              what, s.heads, s.kv_heads, s.head_dim));
     }
   }
 

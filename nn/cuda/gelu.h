@@ -1,7 +1,8 @@
-// GPU GELU, exact erf form (nn/gelu.h gives the math), computed with the CPU's
-// erf/exp approximations so both devices agree element for element; one
-// function over the storage format D (arithmetic in f32). Device pointers;
-// asynchronous on `stream`.
+// GPU GELU, the exact erf form or GPT-2's tanh approximation (nn/gelu.h and
+// nn/gelu_form.h give the math), computed with the CPU's erf/exp
+// approximations and operations so both devices agree element for element;
+// one function over the storage format D (arithmetic in f32). Device
+// pointers; asynchronous on `stream`.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,13 +10,15 @@
 #include <cstdint>
 
 #include "nn/cuda/format.h"
+#include "nn/gelu_form.h"
 
 namespace dtrain::nn::cuda {
 
 // x, y, dydx: [n]. y = gelu(x); dydx = gelu'(x) (null skips it); dydx may
 // alias x, y may not.
 template <DType D>
-void gelu_forward(const Storage<D>* x, Storage<D>* y, Storage<D>* dydx, std::int64_t n, cudaStream_t stream);
+void gelu_forward(const Storage<D>* x, Storage<D>* y, Storage<D>* dydx, std::int64_t n, GeluForm form,
+                  cudaStream_t stream);
 
 // dy, dydx, dx: [n, c]. dx = dy * dydx; dx may alias dy. dbias: [c] or null;
 // when given, the column sums of dx (f32, before rounding to D) are added to

@@ -44,6 +44,10 @@ struct Variant {
   // Where each rank trains: the plain host device unless set (one device per rank).
   std::optional<nn::cpu::HostDeviceOptions> device = std::nullopt;
   int unfenced_collective = -1;  // TrainerOptions::testonly_unfenced_collective
+  // The LLaMA family's block (RMSNorm, rotary positions, SwiGLU, no biases,
+  // one key/value head for the three query heads) instead of today's.
+  bool llama = false;
+  std::string recompute = "none";  // model.recompute
 };
 
 inline config::Config tiny_lm(int micro_batch, int stage, int accum, const Variant& v = {}) {
@@ -56,7 +60,16 @@ inline config::Config tiny_lm(int micro_batch, int stage, int accum, const Varia
     "train": {{"steps": {}, "micro_batch_size": {}, "grad_accum_steps": {}, "seed": 7}},
     "parallel": {{"zero_stage": {}, "bucket_mb": {}, "zero3_max_live_mb": {}, "timeout_s": 30}}
   }})", v.dropout, v.steps, micro_batch, accum, stage, v.bucket_mb, v.live_mb), {});
-  config.mutable_model()->set_tie_embeddings(v.tie);
+  config::Model& model = *config.mutable_model();
+  model.set_tie_embeddings(v.tie);
+  model.set_recompute(v.recompute);
+  if (v.llama) {
+    model.set_norm("rmsnorm");
+    model.set_position("rope");
+    model.set_mlp("swiglu");
+    model.set_bias(false);
+    model.set_n_kv_heads(1);
+  }
   config.set_precision(v.precision);
   return config;
 }

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "worker/trainer.h"
 
 namespace dtrain::worker {
 namespace {
@@ -99,6 +100,56 @@ TEST(Config, MinimalLmResolvesWithDocumentedDefaults) {
   EXPECT_EQ(c.checkpoint().resume(), "auto");
   EXPECT_EQ(c.precision(), "fp32");
   EXPECT_EQ(c.device(), "cpu");
+  // Today's block unless the config says otherwise.
+  EXPECT_EQ(c.model().norm(), "layernorm");
+  EXPECT_EQ(c.model().norm_eps(), 1e-5f);
+  EXPECT_EQ(c.model().position(), "learned");
+  EXPECT_EQ(c.model().rope_theta(), 10000.0f);
+  EXPECT_EQ(c.model().mlp(), "gelu");
+  EXPECT_EQ(c.model().n_kv_heads(), 4);
+  EXPECT_TRUE(c.model().bias());
+  EXPECT_EQ(c.model().recompute(), "none");
+}
+
+TEST(Config, LlamaFamilyBlockResolves) {
+  const config::Config c = parse_config_json(kMinimalLm, {"model.norm=rmsnorm", "model.position=rope",
+                                                          "model.mlp=swiglu", "model.n_kv_heads=2",
+                                                          "model.bias=false", "model.recompute=full"});
+  const nn::ModelConfig m = worker::model_config(c);
+  EXPECT_EQ(m.norm, nn::ModelConfig::Norm::rmsnorm);
+  EXPECT_EQ(m.position, nn::ModelConfig::Position::rope);
+  EXPECT_EQ(m.mlp, nn::ModelConfig::Mlp::swiglu);
+  EXPECT_EQ(m.kv_heads(), 2);
+  EXPECT_FALSE(m.bias);
+  EXPECT_EQ(m.recompute, nn::ModelConfig::Recompute::full);
+  EXPECT_EQ(m.rope_theta, 10000.0);
+}
+
+// Each bad block option: one ConfigError naming the field and what is allowed.
+TEST(Config, BadBlockOptionsNameTheFieldAndTheAllowedValues) {
+  ConfigError e = lm_error({"model.n_kv_heads=3"});
+  EXPECT_EQ(e.field(), "model.n_kv_heads");
+  EXPECT_THAT(e.what(), AllOf(HasSubstr("3 key/value heads do not divide model.n_heads (4)"), HasSubstr("divisor")));
+  e = lm_error({"model.d_model=12", "model.position=rope"});
+  EXPECT_EQ(e.field(), "model.position");
+  EXPECT_THAT(e.what(), HasSubstr("head size d_model / n_heads = 3 is odd"));
+  e = lm_error({"model.position=rope", "model.rope_theta=0"});
+  EXPECT_EQ(e.field(), "model.rope_theta");
+  EXPECT_THAT(e.what(), HasSubstr("must be > 0"));
+  e = lm_error({"model.mlp=swiglu", "model.d_ff=-1"});
+  EXPECT_EQ(e.field(), "model.d_ff");
+  e = lm_error({"model.norm_eps=0"});
+  EXPECT_EQ(e.field(), "model.norm_eps");
+  const std::pair<const char*, const char*> unknown[] = {
+      {"model.norm=batchnorm", "must be one of \"layernorm\", \"rmsnorm\""},
+      {"model.position=alibi", "must be one of \"learned\", \"rope\""},
+      {"model.mlp=relu", "must be one of \"gelu\", \"gelu_tanh\", \"swiglu\""},
+      {"model.recompute=some", "must be one of \"none\", \"selective\", \"full\""}};
+  for (const auto& [override_, message] : unknown) {
+    e = lm_error({override_});
+    EXPECT_EQ(e.field(), std::string(override_).substr(0, std::string(override_).find('='))) << override_;
+    EXPECT_THAT(e.what(), HasSubstr(message)) << override_;
+  }
 }
 
 TEST(Config, MinimalClassifierResolvesWithDatasetPath) {

@@ -188,10 +188,13 @@ TYPED_TEST(CudaKernelParity, LayerNorm) {
   auto mean = this->template filled<float>(n, 0), rstd = this->template filled<float>(n, 0);
   auto dx = this->template filled<float>(n * c, 1), dw = this->template filled<float>(c, 0.5f);
   auto db = this->template filled<float>(c, 0.5f);
+  auto y_eps = this->template filled<float>(n * c, 0), rstd_eps = this->template filled<float>(n, 0);
   this->both([&](auto k, auto on) {
     k.layernorm_forward(on(x), on(w), on(b), on(y), on(mean), on(rstd), n, c);
     k.layernorm_forward(on(x), on(w), on(b), on(y32), on(mean), on(rstd), n, c);
     k.layernorm_backward(on(dy), on(x), on(w), on(mean), on(rstd), on(dx), on(dw), on(db), n, c, true);
+    // Another eps, large enough to move rstd by far more than the tolerance (var(x) is about 4).
+    k.layernorm_forward(on(x), on(w), on(b), on(y_eps), on(mean), on(rstd_eps), n, c, nullptr, 0.5f);
   });
   this->expect_close(y, TestFixture::Tols::kSum, "y");
   this->expect_close(y32, Tolerance<cpu::F32Format>::kSum, "y f32");
@@ -199,6 +202,33 @@ TYPED_TEST(CudaKernelParity, LayerNorm) {
   this->expect_close(dx, Tolerance<cpu::F32Format>::kSum, "dx");
   this->expect_close(dw, Tolerance<cpu::F32Format>::kSum, "dweight");
   this->expect_close(db, Tolerance<cpu::F32Format>::kSum, "dbias");
+  this->expect_close(y_eps, Tolerance<cpu::F32Format>::kSum, "y, eps 0.5");
+  this->expect_close(rstd_eps, Tolerance<cpu::F32Format>::kSum, "rstd, eps 0.5");
+}
+
+TYPED_TEST(CudaKernelParity, RmsNorm) {
+  using T = typename TestFixture::T;
+  constexpr Tol kF32Sum = Tolerance<cpu::F32Format>::kSum;
+  const std::int64_t n = 37, c = 300;
+  const float eps = 1e-5f;
+  auto x = this->template random<float>(n * c, 40, 2.0f), w = this->template random<float>(c, 41);
+  auto dy = this->template random<float>(n * c, 42), y = this->template filled<T>(n * c, 0);
+  auto y32 = this->template filled<float>(n * c, 0), x_copy = this->template filled<float>(n * c, 0);
+  auto rstd = this->template filled<float>(n, 0), dx = this->template filled<float>(n * c, 1);
+  auto dx_new = this->template filled<float>(n * c, 1), dw = this->template filled<float>(c, 0.5f);
+  this->both([&](auto k, auto on) {
+    k.rmsnorm_forward(on(x), on(w), on(y), on(rstd), n, c, eps);
+    k.rmsnorm_forward(on(x), on(w), on(y32), on(rstd), n, c, eps, on(x_copy));
+    k.rmsnorm_backward(on(dy), on(x), on(w), on(rstd), on(dx), on(dw), n, c, true);
+    k.rmsnorm_backward(on(dy), on(x), on(w), on(rstd), on(dx_new), on(dw), n, c, false);
+  });
+  this->expect_close(y, TestFixture::Tols::kSum, "y");
+  this->expect_close(y32, kF32Sum, "y f32");
+  this->expect_close(x_copy, Tol{0, 0}, "x_copy");
+  this->expect_close(rstd, kF32Sum, "rstd");
+  this->expect_close(dx, kF32Sum, "dx accumulated");
+  this->expect_close(dx_new, kF32Sum, "dx written");
+  this->expect_close(dw, kF32Sum, "dweight, twice");
 }
 
 // The graph's uses: 16-bit products with a bias, added to a residual or into
@@ -413,6 +443,86 @@ TYPED_TEST(CudaKernelParity, GeluAndStorage) {
   this->expect_close(dy2, TestFixture::Tols::kOne, "gelu backward with bias");
   this->expect_close(db, TestFixture::Tols::kSum, "gelu backward's bias gradient");
   this->expect_close(stored, Tol{0, 0}, "to_storage");
+}
+
+// The rotary heads (nn/rotary.h) for grouped and plain heads, with and
+// without the rotation, from a position past 0 (decoding after a prompt).
+// Without a rotation forward is a copy (exact); the backward sums of a
+// group are in head order on both (f32 sums then the same bits). The table
+// is the CPU's, copied to the GPU as the graph does.
+TYPED_TEST(CudaKernelParity, QkvHeads) {
+  using T = typename TestFixture::T;
+  using Tols = typename TestFixture::Tols;
+  for (const std::int64_t kv_heads : {4, 2, 1}) {
+    for (const bool rotate : {false, true}) {
+      const HeadsShape s{.batch = 2, .seq = 5, .heads = 4, .kv_heads = kv_heads, .head_dim = 8, .position = 3};
+      const std::int64_t rows = s.batch * s.seq, width = s.packed_width(), half = s.head_dim / 2;
+      const std::int64_t positions = s.position + s.seq;
+      std::vector<float> cos(static_cast<std::size_t>(positions * half)), sin(cos.size());
+      rope_table(10000.0, s.head_dim, positions, cos.data(), sin.data());
+      auto cos_t = this->twin(std::move(cos)), sin_t = this->twin(std::move(sin));
+      const auto seed = static_cast<std::uint32_t>(50 + 2 * kv_heads + (rotate ? 1 : 0));
+      auto packed = this->template random<T>(rows * width, seed);
+      auto d_qkv = this->template random<T>(rows * 3 * s.heads * s.head_dim, seed + 10);
+      auto qkv = this->template filled<T>(rows * 3 * s.heads * s.head_dim, 0);
+      auto d_packed = this->template filled<T>(rows * width, 0), d_packed2 = this->template filled<T>(rows * width, 0);
+      auto d_bias = this->template random<float>(width, seed + 20);
+      this->both([&](auto k, auto on) {
+        const float* c = rotate ? on(cos_t) : nullptr;
+        const float* sn = rotate ? on(sin_t) : nullptr;
+        k.qkv_heads_forward(s, on(packed), on(qkv), c, sn);
+        k.qkv_heads_backward(s, on(d_qkv), on(d_packed), c, sn);
+        k.qkv_heads_backward(s, on(d_qkv), on(d_packed2), c, sn, on(d_bias));
+      });
+      const std::string what = fmt::format("{} kv heads of 4, {}: ", kv_heads, rotate ? "rotated" : "not rotated");
+      this->expect_close(qkv, rotate ? Tols::kOne : Tol{0, 0}, what + "qkv");
+      this->expect_close(d_packed, rotate ? Tols::kSum : Tols::kOne, what + "d_packed");
+      this->expect_close(d_packed2, rotate ? Tols::kSum : Tols::kOne, what + "d_packed with the bias gradient");
+      this->expect_close(d_bias, Tolerance<cpu::F32Format>::kSum, what + "d_bias");
+    }
+  }
+}
+
+// SwiGLU dense and with padded rows (the padding, the same on both sides
+// before, must be left as it was); the bias gradient of the gate/up
+// projection.
+TYPED_TEST(CudaKernelParity, SwiGlu) {
+  using T = typename TestFixture::T;
+  using Tols = typename TestFixture::Tols;
+  const std::int64_t n = 29, c = 50;
+  for (const std::int64_t pad : {0, 3}) {
+    const std::int64_t ld_h = 2 * c + pad, ld_a = c + 2 * pad;
+    const auto seed = static_cast<std::uint32_t>(60 + pad);
+    auto h = this->template random<T>(n * ld_h, seed, 3.0f), da = this->template random<T>(n * ld_a, seed + 1);
+    auto a = this->template random<T>(n * ld_a, seed + 2), d_h = this->template random<T>(n * ld_h, seed + 3);
+    auto d_h2 = this->template random<T>(n * ld_h, seed + 4), d_bias = this->template random<float>(2 * c, seed + 5);
+    this->both([&](auto k, auto on) {
+      const std::int64_t lh = pad == 0 ? 0 : ld_h, la = pad == 0 ? 0 : ld_a;  // 0: dense, the default
+      k.swiglu_forward(on(h), on(a), n, c, lh, la);
+      k.swiglu_backward(on(da), on(h), on(d_h), nullptr, n, c, la, lh);
+      k.swiglu_backward(on(da), on(h), on(d_h2), on(d_bias), n, c, la, lh);
+    });
+    const std::string what = pad == 0 ? "dense: " : "padded rows: ";
+    this->expect_close(a, Tols::kOne, what + "a");
+    this->expect_close(d_h, Tols::kOne, what + "d_h");
+    this->expect_close(d_h2, Tols::kOne, what + "d_h with the bias gradient");
+    this->expect_close(d_bias, Tolerance<cpu::F32Format>::kSum, what + "d_bias");
+  }
+}
+
+// GELU's tanh form: y and dydx, and y alone; normal(0, 3) inputs, into both tails.
+TYPED_TEST(CudaKernelParity, GeluTanh) {
+  using T = typename TestFixture::T;
+  const std::int64_t n = 3001;
+  auto x = this->template random<T>(n, 30, 3.0f), y = this->template filled<T>(n, 0);
+  auto dydx = this->template filled<T>(n, 0), y_only = this->template filled<T>(n, 0);
+  this->both([&](auto k, auto on) {
+    k.gelu_forward(on(x), on(y), on(dydx), n, GeluForm::tanh);
+    k.gelu_forward(on(x), on(y_only), nullptr, n, GeluForm::tanh);
+  });
+  this->expect_close(y, TestFixture::Tols::kOne, "tanh gelu");
+  this->expect_close(dydx, TestFixture::Tols::kOne, "tanh gelu'");
+  this->expect_close(y_only, TestFixture::Tols::kOne, "tanh gelu without gelu'");
 }
 
 // The kernels without a storage format, once.

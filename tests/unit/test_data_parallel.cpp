@@ -19,19 +19,20 @@ using worker::Trainer;
 struct Case {
   int world;
   int accum;
+  bool llama = false;  // the LLaMA family's block (Variant::llama)
 };
 
 class DataParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DataParallel, EveryStageTrainsWhatOneRankTrainsWithTheSameGlobalBatch) {
   const Case c = GetParam();
-  const RunResult ref = reference(c.world, c.accum);
+  const RunResult ref = reference(c.world, c.accum, Variant{.llama = c.llama});
   // Clipping must be exercised: the early steps' norms exceed grad_clip = 1.
   EXPECT_GT(*std::max_element(ref.norms.begin(), ref.norms.end()), 1.0f);
   std::vector<RunResult> stages;
   for (const StageRun& s : stage_runs()) {
-    stages.push_back(train(c.world, s.stage, c.accum, Variant{.live_mb = s.live_mb}));
-    const std::string what = fmt::format("world {} {} accum {}", c.world, s.name, c.accum);
+    stages.push_back(train(c.world, s.stage, c.accum, Variant{.live_mb = s.live_mb, .llama = c.llama}));
+    const std::string what = fmt::format("world {} {} accum {}{}", c.world, s.name, c.accum, c.llama ? " llama" : "");
     expect_same_training(stages.back(), ref, what);
     for (int r = 1; r < c.world; ++r) {  // every rank ends with the same model
       EXPECT_EQ(stages.back().params[static_cast<std::size_t>(r)], stages.back().params[0]) << what << " rank " << r;
@@ -42,10 +43,35 @@ TEST_P(DataParallel, EveryStageTrainsWhatOneRankTrainsWithTheSameGlobalBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, DataParallel,
                          ::testing::Values(Case{1, 1}, Case{2, 1}, Case{3, 1}, Case{4, 1}, Case{1, 3},
-                                           Case{2, 3}, Case{3, 3}, Case{4, 3}),
+                                           Case{2, 3}, Case{3, 3}, Case{4, 3}, Case{1, 1, true}, Case{2, 1, true},
+                                           Case{3, 1, true}, Case{4, 1, true}, Case{1, 3, true}, Case{2, 3, true},
+                                           Case{3, 3, true}, Case{4, 3, true}),
                          [](const auto& info) {
-                           return fmt::format("world{}_accum{}", info.param.world, info.param.accum);
+                           return fmt::format("world{}_accum{}{}", info.param.world, info.param.accum,
+                                              info.param.llama ? "_llama" : "");
                          });
+
+// Recompute runs forward's kernels again on the same inputs with the same
+// dropout keys: every loss, norm and weight is bitwise what keeping the
+// activations gives, at stage 0 and at stage 3 (which gathers each block
+// again for backward), for both blocks.
+TEST(DataParallelEngine, RecomputeTrainsBitwiseAsKeepingActivations) {
+  for (bool llama : {false, true}) {
+    for (int stage : {0, 3}) {
+      const Variant keep{.dropout = 0.1, .llama = llama};
+      const RunResult kept = train(2, stage, 2, keep);
+      for (const char* mode : {"selective", "full"}) {
+        Variant recompute = keep;
+        recompute.recompute = mode;
+        const RunResult r = train(2, stage, 2, recompute);
+        const std::string what = fmt::format("{} recompute, stage {}{}", mode, stage, llama ? ", llama" : "");
+        EXPECT_EQ(r.losses, kept.losses) << what;
+        EXPECT_EQ(r.norms, kept.norms) << what;
+        EXPECT_EQ(r.params, kept.params) << what;
+      }
+    }
+  }
+}
 
 TEST(DataParallelEngine, BlocksThatDoNotDivideByTheWorldArePadded) {
   const auto layout = nn::declare_parameters(worker::model_config(tiny_lm(2, 3, 1)));

@@ -40,19 +40,21 @@ struct Case {
   int world;
   int accum;
   std::string precision;
+  bool llama = false;  // the LLaMA family's block (Variant::llama)
 };
 
 class QueuedDataParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(QueuedDataParallel, TrainsBitwiseAsThePlainDeviceAndAsOneRank) {
   const Case c = GetParam();
-  const Variant plain{.precision = c.precision, .steps = kQueuedSteps};
+  const Variant plain{.precision = c.precision, .steps = kQueuedSteps, .llama = c.llama};
   Variant on_queue = plain;
   on_queue.device = queued(std::chrono::microseconds(20));
   std::optional<RunResult> ref;
   if (c.precision == "fp32") ref = reference(c.world, c.accum, plain);
   for (const StageRun& s : stage_runs()) {
-    const std::string what = fmt::format("world {} {} accum {} {}", c.world, s.name, c.accum, c.precision);
+    const std::string what =
+        fmt::format("world {} {} accum {} {}{}", c.world, s.name, c.accum, c.precision, c.llama ? " llama" : "");
     Variant plain_run = plain, queued_run = on_queue;
     plain_run.live_mb = queued_run.live_mb = s.live_mb;
     const RunResult q = train(c.world, s.stage, c.accum, queued_run);
@@ -68,12 +70,15 @@ INSTANTIATE_TEST_SUITE_P(Worlds, QueuedDataParallel,
                              for (int accum : {1, 3}) {
                                for (int world = 1; world <= 4; ++world) cases.push_back({world, accum, precision});
                              }
+                             // The LLaMA family's block on the queue too (its rotary and SwiGLU kernels queued).
+                             cases.push_back({2, 1, precision, true});
+                             cases.push_back({3, 3, precision, true});
                            }
                            return cases;
                          }()),
                          [](const auto& info) {
-                           return fmt::format("world{}_accum{}_{}", info.param.world, info.param.accum,
-                                              info.param.precision);
+                           return fmt::format("world{}_accum{}_{}{}", info.param.world, info.param.accum,
+                                              info.param.precision, info.param.llama ? "_llama" : "");
                          });
 
 // Largest |a - b| over the final parameters, relative to the largest |b|.

@@ -342,27 +342,30 @@ TEST(Gelu, DerivativeMatchesClosedForm) {
 // overflow upstream must still reach the loss: inf and NaN in, no finite y
 // out (gelu' of +-inf may come out finite: the loss is already non-finite
 // then, and so is every gradient). Far from 0, finite inputs still follow
-// gelu (x, or 0 below).
+// gelu (x, or 0 below). Both forms.
 TEST(Gelu, NonFiniteInputsGiveNonFiniteOutputs) {
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<float> x = {inf, -inf, kNaN, -kNaN, 1e30f, -1e30f, 40.0f, -40.0f};
-  std::vector<float> y(x.size()), y_only(x.size()), dydx(x.size());
-  const auto n = static_cast<std::int64_t>(x.size());
-  gelu_forward(x.data(), y.data(), dydx.data(), n);
-  gelu_forward(x.data(), y_only.data(), nullptr, n);
-  for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_FALSE(std::isfinite(y[i])) << "x = " << x[i];
-    EXPECT_FALSE(std::isfinite(y_only[i])) << "x = " << x[i];
+  for (const GeluForm form : {GeluForm::erf, GeluForm::tanh}) {
+    SCOPED_TRACE(form == GeluForm::erf ? "erf" : "tanh");
+    std::vector<float> y(x.size()), y_only(x.size()), dydx(x.size());
+    const auto n = static_cast<std::int64_t>(x.size());
+    gelu_forward(x.data(), y.data(), dydx.data(), n, form);
+    gelu_forward(x.data(), y_only.data(), nullptr, n, form);
+    for (std::size_t i = 0; i < 4; ++i) {
+      EXPECT_FALSE(std::isfinite(y[i])) << "x = " << x[i];
+      EXPECT_FALSE(std::isfinite(y_only[i])) << "x = " << x[i];
+    }
+    EXPECT_FALSE(std::isfinite(dydx[2]));
+    EXPECT_FALSE(std::isfinite(dydx[3]));
+    EXPECT_EQ(y[4], 1e30f);
+    EXPECT_EQ(y[5], 0.0f);
+    EXPECT_EQ(y[6], 40.0f);
+    EXPECT_EQ(y[7], 0.0f);
+    EXPECT_EQ(dydx[6], 1.0f);
+    EXPECT_EQ(dydx[7], 0.0f);
+    EXPECT_EQ(y_only[4], 1e30f);
   }
-  EXPECT_FALSE(std::isfinite(dydx[2]));
-  EXPECT_FALSE(std::isfinite(dydx[3]));
-  EXPECT_EQ(y[4], 1e30f);
-  EXPECT_EQ(y[5], 0.0f);
-  EXPECT_EQ(y[6], 40.0f);
-  EXPECT_EQ(y[7], 0.0f);
-  EXPECT_EQ(dydx[6], 1.0f);
-  EXPECT_EQ(dydx[7], 0.0f);
-  EXPECT_EQ(y_only[4], 1e30f);
 }
 
 TEST(Gelu, BackwardMatchesFiniteDifferences) {

@@ -62,6 +62,29 @@ ModelConfig lm_config(bool tied) {
   return c;
 }
 
+// The LLaMA family's block (RMSNorm, rotary positions, SwiGLU, no biases) with
+// `heads` query heads sharing `kv_heads` key/value heads; d_ff 16 is SwiGLU's
+// hidden width.
+ModelConfig llama_config(bool tied, std::int64_t heads, std::int64_t kv_heads) {
+  ModelConfig c = lm_config(tied);
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.norm = ModelConfig::Norm::rmsnorm;
+  c.norm_eps = 1e-6f;
+  c.position = ModelConfig::Position::rope;
+  c.rope_theta = 500.0;  // a short table still turns: the angles differ a lot between positions
+  c.mlp = ModelConfig::Mlp::swiglu;
+  c.bias = false;
+  return c;
+}
+
+// One of today's config with a change.
+template <class Fn>
+ModelConfig with(ModelConfig c, Fn change) {
+  change(c);
+  return c;
+}
+
 // The lm head in tiles of `rows` rows (10 tokens a micro-batch: 3 tiles and a
 // short last one for 3, two and a half for 4).
 ModelConfig tiled_head(ModelConfig c, std::int64_t rows) {
@@ -155,7 +178,33 @@ std::vector<Case> tiny_cases() {
           {"lm_head_in_tiles_of_3", tiled_head(lm_config(false), 3), 2, 5},
           {"lm_tied_head_in_tiles_of_4", tiled_head(lm_config(true), 4), 2, 5},
           {"classifier_tokens", classifier_config(ModelConfig::Input::tokens), 2, 5},
-          {"classifier_patches", classifier_config(ModelConfig::Input::patches), 2, 4}};
+          {"classifier_patches", classifier_config(ModelConfig::Input::patches), 2, 4},
+          {"llama", llama_config(false, 2, 2), 2, 5},
+          {"llama_grouped_tied", llama_config(true, 4, 2), 2, 5},
+          {"llama_multi_query", llama_config(false, 4, 1), 2, 5},
+          {"gpt2_tanh_gelu", with(lm_config(true), [](ModelConfig& c) { c.mlp = ModelConfig::Mlp::gelu_tanh; }), 2, 5},
+          {"rope_grouped_with_biases", with(lm_config(false),
+                                            [](ModelConfig& c) {
+                                              c.position = ModelConfig::Position::rope;
+                                              c.n_kv_heads = 1;
+                                            }),
+           2, 5},
+          {"rmsnorm_swiglu_learned_with_biases", with(lm_config(false),
+                                                      [](ModelConfig& c) {
+                                                        c.norm = ModelConfig::Norm::rmsnorm;
+                                                        c.mlp = ModelConfig::Mlp::swiglu;
+                                                      }),
+           2, 5},
+          {"classifier_rmsnorm_no_bias", with(classifier_config(ModelConfig::Input::tokens),
+                                              [](ModelConfig& c) {
+                                                c.norm = ModelConfig::Norm::rmsnorm;
+                                                c.bias = false;
+                                              }),
+           2, 5},
+          {"lm_selective_recompute", with(lm_config(false), [](ModelConfig& c) { c.recompute = ModelConfig::Recompute::selective; }), 2, 5},
+          {"lm_full_recompute", with(lm_config(true), [](ModelConfig& c) { c.recompute = ModelConfig::Recompute::full; }), 2, 5},
+          {"llama_selective_recompute", with(llama_config(false, 4, 2), [](ModelConfig& c) { c.recompute = ModelConfig::Recompute::selective; }), 2, 5},
+          {"llama_full_recompute", with(llama_config(true, 4, 1), [](ModelConfig& c) { c.recompute = ModelConfig::Recompute::full; }), 2, 5}};
 }
 
 class TinyModel : public ::testing::TestWithParam<Case> {};
@@ -169,7 +218,22 @@ TEST_P(TinyModel, LayoutAndInitialLossAreAsDeclared) {
   ASSERT_EQ(h.layout.num_blocks(), L + 2);
   EXPECT_EQ(h.layout.blocks().front().name, "embeddings");
   EXPECT_EQ(h.layout.blocks().back().name, "head");
-  EXPECT_EQ(h.layout.find("layer.1.qkv.weight").shape, (std::vector<std::int64_t>{3 * d, d}));
+  const std::int64_t hd = d / c.config.n_heads, kv = c.config.kv_heads();
+  EXPECT_EQ(h.layout.find("layer.1.qkv.weight").shape, (std::vector<std::int64_t>{(c.config.n_heads + 2 * kv) * hd, d}));
+  const bool swiglu = c.config.mlp == ModelConfig::Mlp::swiglu;
+  EXPECT_EQ(h.layout.find("layer.1.fc1.weight").shape,
+            (std::vector<std::int64_t>{(swiglu ? 2 : 1) * c.config.d_ff, d}));
+  const bool layernorm = c.config.norm == ModelConfig::Norm::layernorm;
+  for (const char* name : {"layer.0.ln1.bias", "layer.1.ln2.bias", "lnf.bias"}) {
+    EXPECT_EQ(layernorm, std::ranges::any_of(h.layout.params(), [&](const ParamSpec& p) { return p.name == name; }))
+        << name;
+  }
+  for (const char* name : {"layer.0.qkv.bias", "layer.0.proj.bias", "layer.1.fc1.bias", "layer.1.fc2.bias"}) {
+    EXPECT_EQ(c.config.bias, std::ranges::any_of(h.layout.params(), [&](const ParamSpec& p) { return p.name == name; }))
+        << name;
+  }
+  EXPECT_EQ(c.config.position == ModelConfig::Position::learned,
+            std::ranges::any_of(h.layout.params(), [](const ParamSpec& p) { return p.name == "pos_emb"; }));
   EXPECT_EQ(h.layout.find("layer.0.fc2.weight").shape, (std::vector<std::int64_t>{d, c.config.d_ff}));
   std::int64_t total = 0;
   for (const BlockSpec& b : h.layout.blocks()) total += b.numel;
@@ -218,7 +282,8 @@ void check_model_gradients(const Case& c, float dropout) {
     check_gradient(p.name, h.param(p), g, p.numel,
                    [&] { return static_cast<double>(h.forward(key).loss); }, tol, rng);
   }
-  if (c.config.kind == ModelConfig::Kind::lm || c.config.input == ModelConfig::Input::tokens) {
+  if ((c.config.kind == ModelConfig::Kind::lm || c.config.input == ModelConfig::Input::tokens) &&
+      c.config.position == ModelConfig::Position::learned) {
     // pos_emb rows beyond seq_len take no part: exactly zero gradient.
     const ParamSpec& pos = h.layout.find("pos_emb");
     const float* g = grads.data() + h.layout.block_offset(pos.block) + pos.offset;
