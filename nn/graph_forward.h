@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -46,12 +47,15 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
     if (hd % 2 != 0) throw ConfigError("model.position", fmt::format("rope needs an even head size, not {}", hd));
     if (!(config.rope_theta > 0)) throw ConfigError("model.rope_theta", "must be > 0");
     const auto table = static_cast<std::size_t>(config.max_seq_len * hd / 2);
-    HostArray<float> cos(device, table), sin(device, table);
+    // The table is computed in memory of the host's own, not the device's
+    // host memory: a device that only counts bytes (planned_activation_bytes)
+    // hands out pointers nothing may write through.
+    std::vector<float> cos(table), sin(table);
     rope_table(config.rope_theta, hd, config.max_seq_len, cos.data(), sin.data());
     rope_cos_ = DeviceArray<float>(device, table);
     rope_sin_ = DeviceArray<float>(device, table);
-    device.copy(rope_cos_.data(), cos.data(), cos.bytes());
-    device.copy(rope_sin_.data(), sin.data(), sin.bytes());
+    device.copy(rope_cos_.data(), cos.data(), table * sizeof(float));
+    device.copy(rope_sin_.data(), sin.data(), table * sizeof(float));
     device.synchronize();  // the host tables go out of scope
   }
   lp_ = layer_params(config);
