@@ -123,12 +123,19 @@ def load_config(name):
         "seq": cfg["data"]["seq_len"], "batch": cfg["train"]["micro_batch_size"],
         "classes": m.get("num_classes", 0), "lr": opt["lr"], "wd": opt["weight_decay"],
         "clip": opt.get("grad_clip", 1.0),
+        # The block (dtrain's model.* options; their defaults are GPT-2-like).
+        "norm": m.get("norm", "layernorm"), "eps": m.get("norm_eps", 1e-5),
+        "position": m.get("position", "learned"), "theta": m.get("rope_theta", 10000.0),
+        "mlp": m.get("mlp", "gelu"), "kv_heads": m.get("n_kv_heads", m["n_heads"]),
+        "bias": m.get("bias", True), "tied": m.get("tie_embeddings", False),
     }
 
 
 def flops_per_token(c):
-    d, L = c["d"], c["layers"]
-    n_matmul = L * (3 * d * d + d * d + 2 * d * c["d_ff"])
+    d, L, hd = c["d"], c["layers"], c["d"] // c["heads"]
+    qkv = (c["heads"] + 2 * c["kv_heads"]) * hd
+    fc1 = 2 * c["d_ff"] if c["mlp"] == "swiglu" else c["d_ff"]
+    n_matmul = L * (qkv * d + d * d + fc1 * d + c["d_ff"] * d)
     n_matmul += d * c["vocab"] if c["kind"] == "lm" else d * c["classes"]
     return 6 * n_matmul + 12 * L * d * c["seq"]
 
@@ -150,46 +157,100 @@ def build_model(c, linear_impl):
 
     Linear = MkldnnLinear if linear_impl == "mkldnn" else nn.Linear
 
+    def norm(d):
+        if c["norm"] == "layernorm":
+            return nn.LayerNorm(d, eps=c["eps"])
+        return RMSNorm(d)
+
+    class RMSNorm(nn.Module):  # torch 1.13 has no nn.RMSNorm
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c["eps"]) * self.weight
+
+    sdpa = getattr(F, "scaled_dot_product_attention", None)  # torch 2.x: the fused kernel
+
     class Block(nn.Module):
-        # x = x + attn(LN1(x)); x = x + mlp(LN2(x)); [B,T,d] -> [B,T,d]
+        # x = x + attn(norm1(x)); x = x + mlp(norm2(x)); [B,T,d] -> [B,T,d]
         def __init__(self):
             super().__init__()
             d = c["d"]
-            self.heads, self.hd = c["heads"], d // c["heads"]
-            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-5), nn.LayerNorm(d, eps=1e-5)
-            self.qkv, self.proj = Linear(d, 3 * d), Linear(d, d)
-            self.fc1, self.fc2 = Linear(d, c["d_ff"]), Linear(c["d_ff"], d)
+            self.heads, self.kv, self.hd = c["heads"], c["kv_heads"], d // c["heads"]
+            self.ln1, self.ln2 = norm(d), norm(d)
+            self.qkv = Linear(d, (self.heads + 2 * self.kv) * self.hd, bias=c["bias"])
+            self.proj = Linear(d, d, bias=c["bias"])
+            self.swiglu = c["mlp"] == "swiglu"
+            self.fc1 = Linear(d, (2 if self.swiglu else 1) * c["d_ff"], bias=c["bias"])
+            self.fc2 = Linear(c["d_ff"], d, bias=c["bias"])
+            self.approximate = "tanh" if c["mlp"] == "gelu_tanh" else "none"
             self.causal = c["kind"] == "lm"
             mask = torch.full((c["seq"], c["seq"]), float("-inf")).triu(1)
             self.register_buffer("mask", mask, persistent=False)
+            self.rope = c["position"] == "rope"
+            if self.rope:  # Hugging Face LLaMA's rotate-half
+                inv = 1.0 / (c["theta"] ** (torch.arange(0, self.hd, 2).float() / self.hd))
+                ang = torch.arange(c["seq"]).float()[:, None] * inv[None, :]
+                emb = torch.cat([ang, ang], dim=-1)
+                self.register_buffer("cos", emb.cos(), persistent=False)
+                self.register_buffer("sin", emb.sin(), persistent=False)
+
+        def rotate(self, x):  # [B, H, T, hd]
+            half = self.hd // 2
+            rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+            T = x.shape[2]
+            return x * self.cos[:T] + rot * self.sin[:T]
 
         def forward(self, x):
             B, T, d = x.shape
-            qkv = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv[0] * (1.0 / math.sqrt(self.hd)), qkv[1], qkv[2]   # [B,H,T,hd]
-            att = q @ k.transpose(-2, -1)                                     # [B,H,T,T]
-            if self.causal:
-                att = att + self.mask[:T, :T]
-            y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d)
-            x = x + self.proj(y)
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+            H, K, hd = self.heads, self.kv, self.hd
+            qkv = self.qkv(self.ln1(x))
+            q = qkv[..., : H * hd].view(B, T, H, hd).transpose(1, 2)
+            k = qkv[..., H * hd:(H + K) * hd].view(B, T, K, hd).transpose(1, 2)
+            v = qkv[..., (H + K) * hd:].view(B, T, K, hd).transpose(1, 2)
+            if self.rope:
+                q, k = self.rotate(q), self.rotate(k)
+            if K != H:
+                k, v = k.repeat_interleave(H // K, dim=1), v.repeat_interleave(H // K, dim=1)
+            if sdpa is not None:
+                y = sdpa(q, k, v, is_causal=self.causal)
+            else:
+                att = (q * (1.0 / math.sqrt(hd))) @ k.transpose(-2, -1)          # [B,H,T,T]
+                if self.causal:
+                    att = att + self.mask[:T, :T]
+                y = att.softmax(-1) @ v
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
+            h = self.fc1(self.ln2(x))
+            if self.swiglu:
+                gate, up = h.chunk(2, dim=-1)
+                a = F.silu(gate) * up
+            else:
+                a = F.gelu(h, approximate=self.approximate)
+            return x + self.fc2(a)
 
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
             d = c["d"]
             self.tok = nn.Embedding(c["vocab"], d)
-            self.pos = nn.Parameter(torch.empty(c["seq"], d))
+            self.learned = c["position"] == "learned"
+            if self.learned:
+                self.pos = nn.Parameter(torch.empty(c["seq"], d))
             self.blocks = nn.ModuleList(Block() for _ in range(c["layers"]))
-            self.ln_f = nn.LayerNorm(d, eps=1e-5)
+            self.ln_f = norm(d)
             self.is_lm = c["kind"] == "lm"
             if self.is_lm:
                 self.head = Linear(d, c["vocab"], bias=False)
+                if c["tied"]:
+                    self.head.weight = self.tok.weight
             else:
                 self.head = Linear(d, c["classes"])
 
         def forward(self, tokens, targets):
-            x = self.tok(tokens) + self.pos[: tokens.shape[1]]
+            x = self.tok(tokens)
+            if self.learned:
+                x = x + self.pos[: tokens.shape[1]]
             for blk in self.blocks:
                 x = blk(x)
             x = self.ln_f(x)

@@ -179,6 +179,7 @@ class Graph final : public Model {
   LayerParams lp_;          // a layer block's pieces' parameters (counted from the block's first)
   NormParams final_norm_;   // the head block's final norm's
   DeviceArray<float> rope_cos_, rope_sin_;  // rope: [max_seq_len, head_dim / 2]
+  bool rope_filled_ = false;
   BlockPointers ptrs_;
   StepKey key_{};
   bool dropout_active_ = false;

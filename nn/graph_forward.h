@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -47,16 +46,8 @@ Graph<K>::Graph(Device& device, K kernels, const ModelConfig& config, const Para
     if (hd % 2 != 0) throw ConfigError("model.position", fmt::format("rope needs an even head size, not {}", hd));
     if (!(config.rope_theta > 0)) throw ConfigError("model.rope_theta", "must be > 0");
     const auto table = static_cast<std::size_t>(config.max_seq_len * hd / 2);
-    // The table is computed in memory of the host's own, not the device's
-    // host memory: a device that only counts bytes (planned_activation_bytes)
-    // hands out pointers nothing may write through.
-    std::vector<float> cos(table), sin(table);
-    rope_table(config.rope_theta, hd, config.max_seq_len, cos.data(), sin.data());
-    rope_cos_ = DeviceArray<float>(device, table);
+    rope_cos_ = DeviceArray<float>(device, table);  // filled at bind (a dry run's graph counts, never binds)
     rope_sin_ = DeviceArray<float>(device, table);
-    device.copy(rope_cos_.data(), cos.data(), table * sizeof(float));
-    device.copy(rope_sin_.data(), sin.data(), table * sizeof(float));
-    device.synchronize();  // the host tables go out of scope
   }
   lp_ = layer_params(config);
   final_norm_ = final_norm_params(config);
@@ -80,6 +71,15 @@ void Graph<K>::bind(const BlockPointers& pointers) {
                "bind: {} compute copies expected for {} compute", layout_.num_blocks(),
                dtype_name(config().compute));
   ptrs_ = pointers;
+  if (rope_cos_.size() != 0 && !rope_filled_) {
+    const ModelConfig& c = config();
+    HostArray<float> cos(device_, rope_cos_.size()), sin(device_, rope_sin_.size());
+    rope_table(c.rope_theta, c.head_dim(), c.max_seq_len, cos.data(), sin.data());
+    device_.copy(rope_cos_.data(), cos.data(), cos.bytes());
+    device_.copy(rope_sin_.data(), sin.data(), sin.bytes());
+    device_.synchronize();  // the host tables go out of scope
+    rope_filled_ = true;
+  }
 }
 
 template <class K>

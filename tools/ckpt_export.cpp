@@ -47,46 +47,36 @@ std::string safetensors_header(const ck::Manifest& manifest, const nn::Parameter
   // Self-describing: the model's shape and conventions, as strings (safetensors' rule).
   const nn::ModelConfig m = worker::model_config(worker::parse_config_json(manifest.config_json()));
   const bool lm = m.kind == nn::ModelConfig::Kind::lm;
-  const bool layernorm = m.norm == nn::ModelConfig::Norm::layernorm;
-  const bool rope = m.position == nn::ModelConfig::Position::rope;
-  const std::string qkv =
-      m.kv_heads() == m.n_heads
-          ? "one [3*d_model, d_model] weight, rows q|k|v, heads contiguous within each"
-          : "one [(n_heads + 2*n_kv_heads)*head_dim, d_model] weight, rows q|k|v (n_heads query heads, then "
-            "n_kv_heads key and n_kv_heads value heads; query head h reads key/value head h / (n_heads / "
-            "n_kv_heads)), heads contiguous within each";
-  const char* mlp = m.mlp == nn::ModelConfig::Mlp::swiglu      ? "swiglu (fc1 rows: gate, then up; silu(gate) * up)"
-                    : m.mlp == nn::ModelConfig::Mlp::gelu_tanh ? "gelu_tanh"
-                                                               : "gelu";
-  nlohmann::ordered_json& meta = header["__metadata__"];
-  auto set = [&meta](const char* key, std::string value) { meta[key] = std::move(value); };
-  set("format", "pt");
-  set("source", "dtrain");
-  set("step", std::to_string(manifest.step()));
-  set("kind", lm ? "lm" : "classifier");
-  set("input", m.input == nn::ModelConfig::Input::tokens ? "tokens" : "patches");
-  set("vocab_size", std::to_string(m.vocab_size));
-  set("d_model", std::to_string(m.d_model));
-  set("n_heads", std::to_string(m.n_heads));
-  set("n_layers", std::to_string(m.n_layers));
-  set("d_ff", std::to_string(m.d_ff));
-  set("max_seq_len", std::to_string(m.max_seq_len));
-  set("num_classes", std::to_string(lm ? 0 : m.num_classes));
-  set("patch_dim", std::to_string(m.patch_dim));
-  set("tie_embeddings", m.tie_embeddings ? "true" : "false");
-  // The block: today's keys where they apply (layernorm_eps, gelu), then its options.
-  if (layernorm) set("layernorm_eps", fmt::format("{}", m.norm_eps));
-  if (m.mlp != nn::ModelConfig::Mlp::swiglu) set("gelu", m.mlp == nn::ModelConfig::Mlp::gelu_tanh ? "tanh" : "erf");
-  set("norm", layernorm ? "pre-LN" : "pre-RMSNorm");
-  set("norm_eps", fmt::format("{}", m.norm_eps));
-  set("position", rope ? "rope (rotate-half, as Hugging Face's LLaMA)" : "learned");
-  if (rope) set("rope_theta", fmt::format("{}", m.rope_theta));
-  set("mlp", mlp);
-  set("n_kv_heads", std::to_string(m.kv_heads()));
-  set("bias", m.bias ? "true" : "false");
-  set("qkv", qkv);
-  set("lm_head_bias", "none");
-  set("config", manifest.config_json());
+  header["__metadata__"] = {
+      {"format", "pt"},
+      {"source", "dtrain"},
+      {"step", std::to_string(manifest.step())},
+      {"kind", lm ? "lm" : "classifier"},
+      {"input", m.input == nn::ModelConfig::Input::tokens ? "tokens" : "patches"},
+      {"vocab_size", std::to_string(m.vocab_size)},
+      {"d_model", std::to_string(m.d_model)},
+      {"n_heads", std::to_string(m.n_heads)},
+      {"n_layers", std::to_string(m.n_layers)},
+      {"d_ff", std::to_string(m.d_ff)},
+      {"max_seq_len", std::to_string(m.max_seq_len)},
+      {"num_classes", std::to_string(lm ? 0 : m.num_classes)},
+      {"patch_dim", std::to_string(m.patch_dim)},
+      {"tie_embeddings", m.tie_embeddings ? "true" : "false"},
+      {"block", "pre-norm"},
+      {"norm", m.norm == nn::ModelConfig::Norm::rmsnorm ? "rmsnorm" : "layernorm"},
+      {"norm_eps", fmt::format("{}", m.norm_eps)},
+      {"position", m.position == nn::ModelConfig::Position::rope ? "rope" : "learned"},
+      {"rope_theta", fmt::format("{}", m.rope_theta)},
+      {"mlp", m.mlp == nn::ModelConfig::Mlp::swiglu      ? "swiglu"
+              : m.mlp == nn::ModelConfig::Mlp::gelu_tanh ? "gelu_tanh"
+                                                         : "gelu"},
+      {"n_kv_heads", std::to_string(m.kv_heads())},
+      {"bias", m.bias ? "true" : "false"},
+      {"qkv", "one [(n_heads + 2 * n_kv_heads) * head_dim, d_model] weight, rows q|k|v, heads contiguous within "
+              "each"},
+      {"lm_head_bias", "none"},
+      {"config", manifest.config_json()},
+  };
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;

@@ -184,7 +184,10 @@ int dry_run(const dtrain::config::Config& config, const dtrain::cluster::Environ
   std::cout << dtrain::worker::describe(plan, config, env.world_size);
   std::cout << fmt::format("available        {:>10.1f} MiB on this node, for {} rank(s)\n",
                            static_cast<double>(available) / (1024.0 * 1024.0), env.local_world_size);
-  dtrain::worker::check_fits(plan, available, env.local_world_size, config);
+  dtrain::worker::check_fits(plan, available, env.local_world_size, config,
+                             [&](const dtrain::config::Config& changed) {
+                               return dtrain::worker::plan_run(changed, env.world_size);
+                             });
   std::cout << "dry run: the config is valid and the run fits\n";
   return 0;
 }

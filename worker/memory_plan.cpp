@@ -1,6 +1,7 @@
 #include "worker/memory_plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -94,7 +95,7 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   // lm-small's products), which the largest linear layer's products bring in.
   if (!plan.on_device) {
     warm_up_linear_products(c.train().micro_batch_size() * seq_len, model.d_model,
-                            std::max(model.d_ff, model.d_model), eo.compute);
+                            std::max(model.fc1_width(), model.d_model), eo.compute);
   }
   plan.resident_bytes = proc_kb_field("/proc/self/status", "VmRSS");
   // On the host, every linear's forward and input-gradient products keep a
@@ -117,10 +118,12 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   // activations' rows are as the graph lays them out (row_stride: nn/graph.h).
   if (!plan.on_device) {
     const std::int64_t n = c.train().micro_batch_size() * seq_len, d = model.d_model, ff = model.d_ff;
-    const std::int64_t ffs = nn::cpu::activation_row_stride(ff, d, eo.compute);
-    for (const auto& [in, out, rows] : {std::tuple{d, 3 * d, nn::LinearRows{}}, std::tuple{d, d, nn::LinearRows{}},
-                                        std::tuple{d, ff, nn::LinearRows{.out = ffs}},
-                                        std::tuple{ff, d, nn::LinearRows{.in = ffs}}}) {
+    const std::int64_t h = model.fc1_width();
+    const std::int64_t hs = nn::cpu::activation_row_stride(h, d, eo.compute);
+    const std::int64_t as = nn::cpu::activation_row_stride(ff, d, eo.compute);
+    for (const auto& [in, out, rows] : {std::tuple{d, model.qkv_width(), nn::LinearRows{}},
+                                        std::tuple{d, d, nn::LinearRows{}}, std::tuple{d, h, nn::LinearRows{.out = hs}},
+                                        std::tuple{ff, d, nn::LinearRows{.in = as}}}) {
       for (const nn::cpu::Gemm& g : {nn::linear_forward_gemm(n, in, out, false, rows),
                                      nn::linear_input_grad_gemm(n, in, out, false, rows),
                                      nn::linear_weight_grad_gemm(n, in, out, rows)}) {
@@ -132,7 +135,18 @@ MemoryPlan plan_memory(const config::Config& c, int world, std::int64_t seq_len)
   return plan;
 }
 
-std::int64_t available_memory_bytes() { return proc_kb_field("/proc/meminfo", "MemAvailable"); }
+std::int64_t available_memory_bytes() {
+  const std::int64_t available = proc_kb_field("/proc/meminfo", "MemAvailable");
+  const char* limit = std::getenv("DTRAIN_MEMORY_LIMIT_MB");
+  if (limit == nullptr || *limit == '\0') return available;
+  char* end = nullptr;
+  const long long mb = std::strtoll(limit, &end, 10);
+  if (*end != '\0' || mb <= 0) {
+    throw ConfigError("DTRAIN_MEMORY_LIMIT_MB", fmt::format("must be a positive number of MiB, got \"{}\"", limit));
+  }
+  const std::int64_t bytes = static_cast<std::int64_t>(mb) << 20;
+  return available > 0 ? std::min(available, bytes) : bytes;
+}
 
 std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
   const char* where = p.on_device ? "GPU" : "host";
@@ -157,17 +171,55 @@ std::string describe(const MemoryPlan& p, const config::Config& c, int world) {
   return out;
 }
 
-void check_fits(const MemoryPlan& p, std::int64_t available, int ranks_on_node, const config::Config& c) {
+namespace {
+
+// The first change of model.recompute and parallel.zero_stage (recompute
+// first: it costs compute, not communication) under which the plan fits,
+// said as the settings to make and what the activations and the total become.
+std::string fitting_change(const MemoryPlan& p, std::int64_t available, int ranks_on_node, const config::Config& c,
+                           const Replan& replan) {
+  const int stage = c.parallel().zero_stage();
+  const std::string recompute = c.model().recompute();
+  const std::pair<int, const char*> tries[] = {{stage, "selective"}, {stage, "full"}, {3, recompute.c_str()},
+                                              {3, "selective"}, {3, "full"}};
+  for (const auto& [try_stage, mode] : tries) {
+    if (try_stage == stage && mode == recompute) continue;
+    config::Config changed = c;
+    changed.mutable_parallel()->set_zero_stage(try_stage);
+    changed.mutable_model()->set_recompute(mode);
+    const MemoryPlan q = replan(changed);
+    if (q.host_to_allocate() * ranks_on_node > available) continue;
+    std::string settings;
+    if (mode != recompute) settings = fmt::format("model.recompute=\"{}\"", mode);
+    if (try_stage != stage) {
+      settings += fmt::format("{}parallel.zero_stage={}", settings.empty() ? "" : " and ", try_stage);
+    }
+    return fmt::format("; it fits with {} (activations {:.0f} MiB instead of {:.0f}, model state {:.0f} MiB, "
+                       "{:.0f} MiB per rank in all)",
+                       settings, mib(q.activation_bytes), mib(p.activation_bytes),
+                       mib(q.state.model_state_bytes() + q.state.working_bytes), mib(q.host_to_allocate()));
+  }
+  return "";
+}
+
+}  // namespace
+
+void check_fits(const MemoryPlan& p, std::int64_t available, int ranks_on_node, const config::Config& c,
+                const Replan& replan) {
   const std::int64_t needed = p.host_to_allocate() * ranks_on_node;
   if (available <= 0 || needed <= available) return;
+  const std::string change = replan ? fitting_change(p, available, ranks_on_node, c, replan) : "";
   throw Error(fmt::format(
       "this run needs about {:.0f} MiB more host memory per rank ({:.0f} MiB of model state at ZeRO stage {}, "
       "{:.0f} MiB of activations, {:.0f} MiB of data batches), {:.0f} MiB for the {} rank(s) on this node, but "
-      "{:.0f} MiB are available; raise parallel.zero_stage (3 shards parameters, gradients and moments over the "
-      "ranks), use more ranks, or lower train.micro_batch_size (activations grow with it)",
+      "{:.0f} MiB are available{}",
       mib(p.host_to_allocate()), mib(p.state.model_state_bytes() + p.state.working_bytes),
       c.parallel().zero_stage(), mib(p.activation_bytes), mib(p.loader_bytes), mib(needed), ranks_on_node,
-      mib(available)));
+      mib(available),
+      !change.empty() ? change
+                      : "; raise parallel.zero_stage (3 shards parameters, gradients and moments over the ranks), "
+                        "set model.recompute (\"selective\" or \"full\": activations computed again in backward), "
+                        "use more ranks, or lower train.micro_batch_size (activations grow with it)"));
 }
 
 }  // namespace dtrain::worker

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "proto/config.pb.h"
@@ -32,16 +33,24 @@ struct MemoryPlan {
 // The plan for `config` on `world` ranks with sequences of `seq_len`.
 MemoryPlan plan_memory(const config::Config& config, int world, std::int64_t seq_len);
 
-// Bytes the machine can still give (MemAvailable of /proc/meminfo).
+// Bytes the machine can still give (MemAvailable of /proc/meminfo), or
+// DTRAIN_MEMORY_LIMIT_MB where that is less (a share of a node that other
+// jobs use too).
 std::int64_t available_memory_bytes();
 
 // The plan as a table, one line per kind, in MiB.
 std::string describe(const MemoryPlan& plan, const config::Config& config, int world);
 
+// The plan of another config of the same run (world, sequence length).
+using Replan = std::function<MemoryPlan(const config::Config&)>;
+
 // Throws dtrain::Error when `ranks_on_node` ranks, each allocating
 // plan.host_to_allocate(), do not fit in `available` bytes, naming the
-// estimate, the memory available and what to change (parallel.zero_stage,
-// more ranks, train.micro_batch_size).
-void check_fits(const MemoryPlan& plan, std::int64_t available, int ranks_on_node, const config::Config& config);
+// estimate, the memory available and what to change: with `replan`, the
+// first of activation recompute (model.recompute selective, then full) and
+// ZeRO stage 3 (alone, then with recompute) whose plan fits, with its
+// figures; else parallel.zero_stage, more ranks, train.micro_batch_size.
+void check_fits(const MemoryPlan& plan, std::int64_t available, int ranks_on_node, const config::Config& config,
+                const Replan& replan = {});
 
 }  // namespace dtrain::worker

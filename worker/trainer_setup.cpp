@@ -141,8 +141,9 @@ Trainer::Trainer(const config::Config& config, TrainerOptions options)
   layout_ = nn::declare_parameters(model_config_);
   comm_ = options_.comm ? options_.comm : single_process_communicator();
   // Before anything large is allocated: a run that cannot fit stops here, saying why.
-  check_fits(plan_memory(config_, comm_->world_size(), seq), available_memory_bytes(), options_.ranks_on_node,
-             config_);
+  const int world = comm_->world_size();
+  check_fits(plan_memory(config_, world, seq), available_memory_bytes(), options_.ranks_on_node, config_,
+             [&](const config::Config& changed) { return plan_memory(changed, world, seq); });
   connect_device(device_comm);
   build_engine_and_model(seq);
   if (!is_rank0()) options_.console = nullptr;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -64,6 +65,54 @@ INSTANTIATE_TEST_SUITE_P(Configs, WorkerMemory,
                            return fmt::format("{}_stage{}", std::get<0>(info.param) == "lm-small" ? "lm" : "cls",
                                               std::get<1>(info.param));
                          });
+
+// Activation recompute, one rank of lm-small at micro-batch 64: the dry
+// run's estimate is within 10% of the real run's peak in each mode, and the
+// peaks fall as the plan says they do (full < selective < none).
+TEST(WorkerMemoryRecompute, EachModeFitsItsPlanAndLowersThePeak) {
+  TempDir dir;
+  std::vector<double> peaks;
+  for (const char* mode : {"none", "selective", "full"}) {
+    const std::string worker = fmt::format(
+        "OMP_NUM_THREADS=1 {}/dtrain-worker --config {}/examples/configs/lm-small.json --set model.recompute={} "
+        "--set train.micro_batch_size=64 --set train.steps=2 --set schedule.warmup_steps=1 "
+        "--set train.eval_batches=1 --set train.out_dir={}",
+        bin_dir(), source_dir(), mode, (dir.path() / mode).string());
+    const CommandResult dry = run_command(worker + " --dry-run");
+    ASSERT_EQ(dry.exit_code, 0) << dry.output;
+    const double estimate = mib_after(dry.output, "host total");
+    const CommandResult run = run_command(worker);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const double peak = mib_after(run.output, "peak RSS");
+    ASSERT_FALSE(std::isnan(estimate) || std::isnan(peak)) << dry.output << run.output;
+    EXPECT_NEAR(estimate, peak, 0.1 * peak) << mode << ": dry run\n" << dry.output;
+    peaks.push_back(peak);
+  }
+  EXPECT_LT(peaks[1], peaks[0]) << "selective against none";
+  EXPECT_LT(peaks[2], peaks[1]) << "full against selective";
+}
+
+// A run that fits only with recompute is refused with the setting that makes
+// it fit (DTRAIN_MEMORY_LIMIT_MB puts the limit between the two plans).
+TEST(WorkerMemoryRecompute, ARefusalNamesTheRecomputeThatFits) {
+  TempDir dir;
+  const std::string worker = fmt::format(
+      "{}/dtrain-worker --config {}/examples/configs/lm-small.json --set train.micro_batch_size=64 "
+      "--set train.out_dir={} --dry-run",
+      bin_dir(), source_dir(), (dir.path() / "run").string());
+  const CommandResult none = run_command(worker);
+  const CommandResult full = run_command(worker + " --set model.recompute=full");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const double limit = (mib_after(none.output, "host total") + mib_after(full.output, "host total")) / 2;
+  const CommandResult refused =
+      run_command(fmt::format("DTRAIN_MEMORY_LIMIT_MB={:.0f} {}", limit, worker));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("it fits with model.recompute=\"full\" (activations"));
+  const CommandResult bad = run_command("DTRAIN_MEMORY_LIMIT_MB=lots " + worker);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("DTRAIN_MEMORY_LIMIT_MB"));
+}
 
 TEST(WorkerMemoryLimit, AModelTooLargeForTheMachineIsRefusedBeforeAllocating) {
   TempDir dir;

@@ -22,7 +22,10 @@ using worker::Trainer;
 
 constexpr int kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
 
-config::Config tiny_lm(int world, int stage, int steps, const std::string& dir, const std::string& resume) {
+// llama: the LLaMA family's block (RMSNorm, rotary positions, SwiGLU, no
+// biases, one key/value head for the three query heads).
+config::Config tiny_lm(int world, int stage, int steps, const std::string& dir, const std::string& resume,
+                       bool llama = false) {
   auto c = worker::parse_config_json(fmt::format(R"({{
     "model": {{"kind": "lm", "vocab_size": 61, "d_model": 36, "n_heads": 3,
               "n_layers": 2, "d_ff": 52, "max_seq_len": 16, "dropout": 0.1}},
@@ -33,6 +36,14 @@ config::Config tiny_lm(int world, int stage, int steps, const std::string& dir, 
     "parallel": {{"zero_stage": {}, "timeout_s": 30}},
     "checkpoint": {{"dir": "{}", "every_steps": 3, "keep_last": 2, "resume": "{}"}}
   }})", steps, kGlobalBatch / world, stage, dir, resume), {});
+  if (llama) {
+    config::Model& m = *c.mutable_model();
+    m.set_norm("rmsnorm");
+    m.set_position("rope");
+    m.set_mlp("swiglu");
+    m.set_bias(false);
+    m.set_n_kv_heads(1);
+  }
   return c;
 }
 
@@ -45,12 +56,12 @@ struct RunResult {
 // Trains `world` ranks (threads) on a 12-step schedule until `steps` are done
 // (fewer: the run "crashes" there), resuming per `resume`.
 RunResult run(int world, int stage, int steps, const std::string& dir, const std::string& resume = "auto",
-              bool save = true) {
+              bool save = true, bool llama = false) {
   RunResult result;
   std::mutex mu;
   testing::run_gloo_ranks(world, 30s, [&](comm::Communicator& comm) {
     std::shared_ptr<comm::Communicator> shared(&comm, [](comm::Communicator*) {});
-    Trainer trainer(tiny_lm(world, stage, 12, dir, resume),
+    Trainer trainer(tiny_lm(world, stage, 12, dir, resume, llama),
                     {.write_outputs = false, .console = nullptr, .comm = shared});
     std::vector<float> losses;
     while (trainer.steps_done() < steps) {
@@ -79,6 +90,36 @@ TEST(CheckpointResume, SameWorldAndStageContinuesBitwiseIdentically) {
     for (int i = 0; i < 6; ++i) EXPECT_EQ(rest.losses[i], whole.losses[6 + i]) << "stage " << stage << " step " << 7 + i;
     EXPECT_EQ(rest.params, whole.params) << "stage " << stage;
   }
+}
+
+// The LLaMA family's block: stopped and resumed on the same ranks, bitwise;
+// resharded from 2 ranks to 3, within 1e-6.
+TEST(CheckpointResume, LlamaFamilyResumesBitwiseAndReshards) {
+  for (int stage : {0, 3}) {
+    testing::TempDir a, b;
+    const RunResult whole = run(2, stage, 12, a.str(), "none", true, true);
+    run(2, stage, 6, b.str(), "auto", true, true);
+    const RunResult rest = run(2, stage, 12, b.str(), "auto", true, true);
+    EXPECT_EQ(rest.resumed_at, 6);
+    ASSERT_EQ(rest.losses.size(), 6u);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(rest.losses[i], whole.losses[6 + i]) << "stage " << stage << " step " << 7 + i;
+    EXPECT_EQ(rest.params, whole.params) << "stage " << stage;
+  }
+  testing::TempDir a, b;
+  const RunResult whole = run(2, 1, 9, a.str(), "none", true, true);
+  run(2, 1, 6, b.str(), "auto", true, true);
+  const RunResult rest = run(3, 3, 9, b.str(), "auto", false, true);
+  EXPECT_EQ(rest.resumed_at, 6);
+  ASSERT_EQ(rest.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(rest.losses[i], whole.losses[6 + i], 1e-6 * std::abs(whole.losses[6 + i])) << "step " << 7 + i;
+  }
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < whole.params.size(); ++i) {
+    diff += (rest.params[i] - whole.params[i]) * static_cast<double>(rest.params[i] - whole.params[i]);
+    norm += whole.params[i] * static_cast<double>(whole.params[i]);
+  }
+  EXPECT_LE(std::sqrt(diff / norm), 1e-6);
 }
 
 struct Reshard {

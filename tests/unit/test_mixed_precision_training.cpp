@@ -34,7 +34,16 @@ namespace {
 using namespace std::chrono_literals;
 using worker::Trainer;
 
-config::Config tiny(const std::string& kind, std::vector<std::string> overrides = {}) {
+// kind: "lm", "classifier", or "llama": the lm with the LLaMA family's block
+// (RMSNorm, rotary positions, SwiGLU, no biases, one key/value head).
+config::Config tiny(std::string kind, std::vector<std::string> overrides = {}) {
+  if (kind == "llama") {
+    kind = "lm";
+    for (const char* o : {"model.norm=rmsnorm", "model.position=rope", "model.mlp=swiglu", "model.bias=false",
+                          "model.n_kv_heads=1"}) {
+      overrides.insert(overrides.begin(), o);
+    }
+  }
   const bool lm = kind == "lm";
   auto c = worker::parse_config_json(fmt::format(R"({{
     "model": {{"kind": "{}", "vocab_size": 61, "d_model": 32, "n_heads": 2,
@@ -89,7 +98,7 @@ TEST_P(MixedPrecisionTraining, FollowsFp32For50Steps) {
 
 INSTANTIATE_TEST_SUITE_P(PrecisionsAndModels, MixedPrecisionTraining,
                          ::testing::Combine(::testing::Values("bf16", "fp16"),
-                                            ::testing::Values("lm", "classifier")),
+                                            ::testing::Values("lm", "classifier", "llama")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
