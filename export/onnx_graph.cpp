@@ -91,6 +91,17 @@ std::string GraphBuilder::constant_f32(const std::string& name, float value) {
   return name;
 }
 
+std::string GraphBuilder::constant_f32_tensor(const std::string& name, const std::vector<float>& values,
+                                              const std::vector<std::int64_t>& dims) {
+  std::int64_t numel = 1;
+  for (std::int64_t d : dims) numel *= d;
+  DTRAIN_CHECK(numel == static_cast<std::int64_t>(values.size()), "{}: {} values for {} elements", name,
+               values.size(), numel);
+  onnx::TensorProto* t = initializer(name, onnx::TensorProto::FLOAT, dims);
+  t->mutable_raw_data()->assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return name;
+}
+
 void GraphBuilder::input(const std::string& name, onnx::TensorProto::DataType type,
                          const std::vector<std::int64_t>& dims, const std::vector<std::string>& names) {
   claim(name);

@@ -46,6 +46,9 @@ class GraphBuilder {
   std::string constant_i64(const std::string& name, const std::vector<std::int64_t>& values,
                            const std::vector<std::int64_t>& dims);
   std::string constant_f32(const std::string& name, float value);
+  // A float tensor constant of `dims` (values row-major); returns the name.
+  std::string constant_f32_tensor(const std::string& name, const std::vector<float>& values,
+                                  const std::vector<std::int64_t>& dims);
 
   // A graph input or output of `type`; a dim is a size (>= 0) or, through
   // `names`, a symbolic dimension ("batch", "seq") where names[i] is not empty.

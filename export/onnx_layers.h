@@ -6,6 +6,12 @@
 // classifier's pooling look at [batch, seq, ...], through shapes computed
 // from the input at run time, so batch and sequence length stay dynamic.
 //
+// Opset 17 has no RMSNormalization and no tanh form of Gelu: those are
+// composed of elementary operators (ReduceMean, Sqrt, Div, Mul; Tanh), as is
+// the exact GELU (Erf). The block's pieces are chosen by nn::ModelConfig as
+// nn/graph_forward.h chooses them; today's block (LayerNorm, learned
+// positions, erf GELU, H key/value heads) gives today's graph.
+//
 // Each function appends nodes to the GraphBuilder and returns the name of its
 // result; weights are initializers named as dtrain names the parameters
 // (nn/transformer.h), added beforehand. Value names start with `out`.
@@ -15,6 +21,7 @@
 #include <string>
 
 #include "export/onnx_graph.h"
+#include "nn/transformer.h"
 
 namespace dtrain::exporter {
 
@@ -24,22 +31,41 @@ struct RuntimeShapes {
   std::string seq;          // int64 [1]: seq
   std::string rows_by_d;    // int64 [2]: -1, d (back to the residual stream's [N, d])
   std::string by_d;         // int64 [3]: batch, seq, d
-  std::string qkv_heads;    // int64 [4]: batch, seq, 3 * heads, head_dim
-  std::string head_split;   // int64 [3]: heads, heads, heads (Split of q | k | v)
+  std::string qkv_heads;    // int64 [4]: batch, seq, H + 2 Hkv, head_dim
+  std::string head_split;   // int64 [3]: H, Hkv, Hkv (Split of q | k | v)
   std::string axis0;        // int64 [1]: 0 (axes of Slice, Squeeze, Unsqueeze)
   std::string score_scale;  // float scalar 1 / sqrt(head_dim)
   std::string future;       // lm: bool [seq, seq], true where column j > row i (masked); else ""
   std::string neg_inf;      // lm: float scalar -inf
+  // Grouped-query attention (Hkv < H), else "":
+  std::string kv_repeat;    // int64 [5]: 1, 1, H / Hkv, 1, 1 (Expand of [batch, Hkv, 1, seq, hd])
+  std::string by_heads;     // int64 [4]: 0, H, -1, head_dim (Reshape to [batch, H, seq, hd])
+  // Rotary positions, else "": the table's first seq rows, [seq, head_dim]
+  // each, the half-width table repeated twice (cos_p_i at columns i and i + half).
+  std::string rope_cos, rope_sin;
+  std::string rope_halves;  // int64 [2]: half, half (Split of a head into its halves)
 };
 
 // Adds the RuntimeShapes of `input` (tokens [batch, seq] or patches [batch,
-// seq, patch_dim]) for d_model d and `heads` heads; `causal` adds the mask.
-RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, std::int64_t d, std::int64_t heads,
-                             bool causal);
+// seq, patch_dim]) for the config's d_model, heads and key/value heads; the
+// lm gets the causal mask, rotary positions their tables: initializers
+// "rope.cos" and "rope.sin" [max_seq_len, head_dim] from nn::rope_table,
+// sliced to seq rows.
+RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, const nn::ModelConfig& c);
 
-// LayerNorm over the last axis with weight prefix.weight, bias prefix.bias,
-// eps 1e-5 (nn/layernorm.h): LayerNormalization.
-std::string layer_norm(GraphBuilder& g, const std::string& x, const std::string& prefix, const std::string& out);
+// The norm config.norm chooses (LayerNorm or RMSNorm, eps config.norm_eps)
+// with weight prefix.weight (and LayerNorm's bias prefix.bias).
+std::string norm(GraphBuilder& g, const nn::ModelConfig& c, const std::string& x, const std::string& prefix,
+                 const std::string& out);
+
+// LayerNorm over the last axis (nn/layernorm.h): LayerNormalization.
+std::string layer_norm(GraphBuilder& g, const std::string& x, const std::string& prefix, float eps,
+                       const std::string& out);
+
+// RMSNorm over the last axis (nn/rmsnorm.h), y = x / sqrt(mean(x^2) + eps) * w:
+// Mul, ReduceMean, Add, Sqrt, Div, Mul.
+std::string rms_norm(GraphBuilder& g, const std::string& x, const std::string& prefix, float eps,
+                     const std::string& out);
 
 // x [N, in] W^T + b for the Linear `weight` [out, in] and `bias` [out] ("" for
 // none): Gemm with transB = 1, or with int8 the dynamic quantized form of
@@ -51,10 +77,23 @@ std::string linear(GraphBuilder& g, const std::string& x, const std::string& wei
 // operator, so Mul, Erf, Add, Mul, Mul.
 std::string gelu(GraphBuilder& g, const std::string& x, const std::string& out);
 
-// Self-attention core of nn/attention.h on qkv [N, 3d] laid out q | k | v,
-// each heads x head_dim: S = Q K^T / sqrt(head_dim), with the lm's causal
-// mask (columns after the row set to -inf, so softmax gives them exactly 0),
-// P = softmax(S) in f32, O = P V; returns O as [N, d].
+// GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (nn/gelu_form.h).
+std::string gelu_tanh(GraphBuilder& g, const std::string& x, const std::string& out);
+
+// SwiGLU on h [N, 2 d_ff] laid out gate | up (nn/swiglu.h): silu(gate) * up,
+// silu(g) = g * sigmoid(g); [N, d_ff].
+std::string swiglu(GraphBuilder& g, const std::string& h, std::int64_t d_ff, const std::string& out);
+
+// The MLP's activation config.mlp chooses, on fc1's output.
+std::string mlp_activation(GraphBuilder& g, const nn::ModelConfig& c, const std::string& h, const std::string& out);
+
+// Self-attention core of nn/attention.h on qkv [N, (H + 2 Hkv) head_dim]
+// laid out q | k | v, each heads x head_dim: q and k rotated when the shapes
+// hold rotary tables, each key/value head repeated over its group of H / Hkv
+// query heads (query head h reads key/value head h / (H / Hkv)); then S = Q
+// K^T / sqrt(head_dim), with the lm's causal mask (columns after the row set
+// to -inf, so softmax gives them exactly 0), P = softmax(S) in f32, O = P V;
+// returns O as [N, d].
 std::string attention(GraphBuilder& g, const RuntimeShapes& s, const std::string& qkv, const std::string& out);
 
 }  // namespace dtrain::exporter

@@ -35,7 +35,7 @@ class OnnxBuilder {
 
   void build() {
     declare_io();
-    shapes_ = runtime_shapes(g_, input_name(c_), c_.d_model, c_.n_heads, c_.kind == Kind::lm);
+    shapes_ = runtime_shapes(g_, input_name(c_), c_);
     for (const ParameterTensor& t : parameter_tensors(c_, layout_, int8_)) declare(t);
     x_ = embeddings();
     for (int l = 0; l < c_.n_layers; ++l) x_ = layer(l);
@@ -69,10 +69,13 @@ class OnnxBuilder {
     g_.initializer(p.name + "_scale", onnx::TensorProto::FLOAT, {p.shape[0]})->set_raw_data("");
   }
 
-  // Embeddings (+ the first seq positions) as the residual stream [N, d].
+  // Embeddings (+ the first seq learned positions) as the residual stream [N, d].
   std::string embeddings() {
-    const std::string pos = g_.node("Slice", {"pos_emb", g_.constant_i64("const.0_1d", {0}, {1}), shapes_.seq, shapes_.axis0},
-                                    "embed.positions");
+    const bool learned = c_.position == nn::ModelConfig::Position::learned;
+    const std::string pos =
+        learned ? g_.node("Slice", {"pos_emb", g_.constant_i64("const.0_1d", {0}, {1}), shapes_.seq, shapes_.axis0},
+                          "embed.positions")
+                : "";
     std::string by_token;
     if (c_.input == nn::ModelConfig::Input::tokens) {
       by_token = g_.node("Gather", {"tok_emb", kTokensInput}, "embed.tokens", {{"axis", std::int64_t{0}}});
@@ -82,29 +85,34 @@ class OnnxBuilder {
       const std::string projected = linear(g_, flat, "patch.weight", "patch.bias", false, "embed.patches");
       by_token = g_.node("Reshape", {projected, shapes_.by_d}, "embed.patches_by_token");
     }
-    const std::string sum = g_.node("Add", {by_token, pos}, "embed.sum");
+    const std::string sum = learned ? g_.node("Add", {by_token, pos}, "embed.sum") : by_token;
     return g_.node("Reshape", {sum, shapes_.rows_by_d}, "embed.out");
   }
 
-  // x_mid = x + proj(attn(ln1(x))); x_out = x_mid + fc2(gelu(fc1(ln2(x_mid)))) (nn/graph_forward.h).
+  // x_mid = x + proj(attn(norm1(x))); x_out = x_mid + fc2(act(fc1(norm2(x_mid)))) (nn/graph_forward.h).
   std::string layer(int l) {
     const std::string p = fmt::format("layer.{}.", l);
-    const std::string ln1 = layer_norm(g_, x_, p + "ln1", p + "ln1");
-    const std::string qkv = linear(g_, ln1, p + "qkv.weight", p + "qkv.bias", int8_, p + "qkv");
+    const std::string ln1 = norm(g_, c_, x_, p + "ln1", p + "ln1");
+    const std::string qkv = linear_layer(ln1, p + "qkv", p + "qkv");
     const std::string attn = attention(g_, shapes_, qkv, p + "attn");
-    const std::string proj = linear(g_, attn, p + "proj.weight", p + "proj.bias", int8_, p + "proj");
+    const std::string proj = linear_layer(attn, p + "proj", p + "proj");
     const std::string mid = g_.node("Add", {x_, proj}, p + "mid");
-    const std::string ln2 = layer_norm(g_, mid, p + "ln2", p + "ln2");
-    const std::string fc1 = linear(g_, ln2, p + "fc1.weight", p + "fc1.bias", int8_, p + "fc1");
-    const std::string act = gelu(g_, fc1, p + "gelu");
-    const std::string fc2 = linear(g_, act, p + "fc2.weight", p + "fc2.bias", int8_, p + "fc2");
+    const std::string ln2 = norm(g_, c_, mid, p + "ln2", p + "ln2");
+    const std::string fc1 = linear_layer(ln2, p + "fc1", p + "fc1");
+    const std::string act = mlp_activation(g_, c_, fc1, p);
+    const std::string fc2 = linear_layer(act, p + "fc2", p + "fc2");
     return g_.node("Add", {mid, fc2}, p + "out");
+  }
+
+  // A layer's Linear `name` (name.weight, and name.bias with model.bias).
+  std::string linear_layer(const std::string& x, const std::string& name, const std::string& out) {
+    return linear(g_, x, name + ".weight", c_.bias ? name + ".bias" : "", int8_, out);
   }
 
   // lm: logits = lnf(x) W^T (no bias; W = tok_emb when tied). Classifier:
   // logits = cls(mean over seq of lnf(x)).
   void head() {
-    const std::string lnf = layer_norm(g_, x_, "lnf", "lnf");
+    const std::string lnf = norm(g_, c_, x_, "lnf", "lnf");
     if (c_.kind == Kind::lm) {
       const std::string weight = c_.tie_embeddings ? "tok_emb" : "head.weight";
       const std::string flat = linear(g_, lnf, weight, "", int8_, "head");
@@ -137,6 +145,16 @@ void check_config(const nn::ModelConfig& c) {
   }
   if (c.input == nn::ModelConfig::Input::patches && c.patch_dim <= 0) {
     throw ConfigError("model.patch_size", "a patch classifier needs model.patch_size >= 1");
+  }
+  if (c.n_kv_heads < 0 || c.n_heads % c.kv_heads() != 0) {
+    throw ConfigError("model.n_kv_heads", fmt::format("{} key/value heads do not divide n_heads {}", c.kv_heads(),
+                                                      c.n_heads));
+  }
+  if (c.position == nn::ModelConfig::Position::rope) {
+    if (c.head_dim() % 2 != 0) {
+      throw ConfigError("model.position", fmt::format("rope needs an even head size, not {}", c.head_dim()));
+    }
+    if (!(c.rope_theta > 0)) throw ConfigError("model.rope_theta", "must be > 0");
   }
 }
 

@@ -7,11 +7,13 @@
 //               patches  float [batch, n_patches, patch_dim] -> logits float [batch, classes]
 //
 // batch and the sequence length are dynamic (the sequence up to
-// model.max_seq_len: positions are the first seq rows of pos_emb). The graph
-// computes what nn::Model::infer computes (export/onnx_layers.h), with the
-// parameters under dtrain's own names. With int8, every Linear (qkv, proj,
-// fc1, fc2, the lm head, the classifier head) is dynamically quantized
-// (export/quantize.h); embeddings, norms and softmax stay f32.
+// model.max_seq_len: positions are the first seq rows of pos_emb, or of the
+// rotary tables rope.cos and rope.sin). The graph computes what
+// nn::Model::infer computes for the config's block (export/onnx_layers.h),
+// with the parameters under dtrain's own names. With int8, every Linear
+// (qkv, proj, fc1, fc2, the lm head, the classifier head) is dynamically
+// quantized (export/quantize.h); embeddings, norms, the rotary tables and
+// softmax stay f32.
 //
 // Export is two steps, so that the parameters stream from the checkpoint to
 // the file one block at a time and the model is never whole in memory:

@@ -1,5 +1,6 @@
 // dtrain-ckpt end to end, on checkpoints that the real dtrain-worker wrote:
-// inspect, verify (also of a corrupted rank file) and the safetensors export.
+// inspect, verify (also of a corrupted rank file) and the safetensors export
+// (today's block and a LLaMA-family one).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -189,6 +190,44 @@ TEST_F(DtrainCkpt, ExportWritesSafetensorsOfTheMasterParameters) {
   }
   ASSERT_EQ(expected.size() * 4, offset);
   EXPECT_EQ(std::memcmp(bytes.data() + 8 + n, expected.data(), offset), 0);
+}
+
+// A LLaMA-family model's file says which block it holds: RMSNorm, rotary
+// positions and their theta, SwiGLU, the key/value heads, no biases; and its
+// tensors have the shapes those make.
+TEST(DtrainCkptBlock, SafetensorsOfALlamaFamilyModelDescribeItsBlock) {
+  TempDir dir;
+  const std::filesystem::path config = dir.write("llama.json", R"({
+    "model": {"kind": "lm", "vocab_size": 64, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 1,
+              "d_ff": 48, "max_seq_len": 16, "norm": "rmsnorm", "norm_eps": 1e-6, "position": "rope",
+              "rope_theta": 500, "mlp": "swiglu", "bias": false},
+    "data": {"kind": "synthetic", "seq_len": 16},
+    "train": {"steps": 2, "micro_batch_size": 2}})");
+  const std::filesystem::path root = dir / "ckpt", file = dir / "llama.safetensors";
+  const CommandResult trained = run_command(bin_dir() + "/dtrain-worker --config " + config.string() +
+                                            " --set checkpoint.every_steps=2 --set checkpoint.dir=" + root.string() +
+                                            " --set train.out_dir=" + (dir / "run").string());
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const CommandResult r = ckpt("export " + root.string() + " --format safetensors --out " + file.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string bytes = read_bytes(file);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  const nlohmann::json& meta = header["__metadata__"];
+  EXPECT_EQ(meta["norm"], "rmsnorm");
+  EXPECT_EQ(meta["norm_eps"], "1e-06");
+  EXPECT_EQ(meta["position"], "rope");
+  EXPECT_EQ(meta["rope_theta"], "500");
+  EXPECT_EQ(meta["mlp"], "swiglu");
+  EXPECT_EQ(meta["n_kv_heads"], "2");
+  EXPECT_EQ(meta["bias"], "false");
+  // [(4 + 2 * 2) * 8, 32] and SwiGLU's [2 * 48, 32]; no pos_emb, no biases.
+  EXPECT_EQ(header["layer.0.qkv.weight"]["shape"], nlohmann::json::parse("[64, 32]"));
+  EXPECT_EQ(header["layer.0.fc1.weight"]["shape"], nlohmann::json::parse("[96, 32]"));
+  EXPECT_FALSE(header.contains("pos_emb"));
+  EXPECT_FALSE(header.contains("layer.0.qkv.bias"));
+  EXPECT_FALSE(header.contains("lnf.bias"));
 }
 
 TEST_F(DtrainCkpt, ExportRefusesAnExistingFile) {

@@ -1,6 +1,7 @@
 // The export library without a runtime (tests/integration/test_onnx_*.cpp run
 // the graphs in ONNX Runtime): per-channel int8 weights, the graph of every
-// model kind in f32 and int8 (names, types, dims, parameters byte for byte,
+// model kind and block (today's, GPT-2's, the LLaMA family's) in f32 and
+// int8 (names, types, dims, parameters byte for byte, the rotary table,
 // standard operators only), and the Triton config derived from it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include "export/onnx_writer.h"
 #include "export/quantize.h"
 #include "export/triton_config.h"
+#include "nn/rotary.h"
 
 namespace dtrain::exporter {
 namespace {
@@ -72,11 +74,37 @@ ModelConfig tiny(ModelConfig::Kind kind, ModelConfig::Input input, bool tied) {
                      .patch_dim = input == ModelConfig::Input::patches ? 6 : 0, .tie_embeddings = tied};
 }
 
+// The LLaMA family's block: RMSNorm, rotary positions, SwiGLU, no linear
+// biases, 2 key/value heads for 4 query heads (head size 4).
+ModelConfig llama(ModelConfig::Kind kind, bool tied) {
+  ModelConfig c = tiny(kind, ModelConfig::Input::tokens, tied);
+  c.d_model = 16;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.norm = ModelConfig::Norm::rmsnorm;
+  c.norm_eps = 1e-6f;
+  c.position = ModelConfig::Position::rope;
+  c.rope_theta = 500.0;
+  c.mlp = ModelConfig::Mlp::swiglu;
+  c.bias = false;
+  return c;
+}
+
+ModelConfig gpt2(bool tied) {
+  ModelConfig c = tiny(ModelConfig::Kind::lm, ModelConfig::Input::tokens, tied);
+  c.mlp = ModelConfig::Mlp::gelu_tanh;
+  return c;
+}
+
 const std::vector<Kind> kKinds = {
     {"lm_tied", tiny(ModelConfig::Kind::lm, ModelConfig::Input::tokens, true)},
     {"lm_untied", tiny(ModelConfig::Kind::lm, ModelConfig::Input::tokens, false)},
     {"classifier_tokens", tiny(ModelConfig::Kind::classifier, ModelConfig::Input::tokens, false)},
     {"classifier_patches", tiny(ModelConfig::Kind::classifier, ModelConfig::Input::patches, false)},
+    {"gpt2_tanh", gpt2(true)},
+    {"llama_tied", llama(ModelConfig::Kind::lm, true)},
+    {"llama_untied", llama(ModelConfig::Kind::lm, false)},
+    {"llama_classifier", llama(ModelConfig::Kind::classifier, false)},
 };
 
 // Parameter i of block b holds values derived from (b, i), so a mix-up shows.
@@ -172,6 +200,28 @@ TEST(OnnxModel, EveryKindHasTheNamedInputsOutputsAndParameters) {
       if (lm && k.config.tie_embeddings) {
         EXPECT_EQ(inits.count("tok_emb_quantized"), int8 ? 1u : 0u) << what;
       }
+      // Rotary positions: nn::rope_table's rows, each half-width row twice.
+      const bool rope = k.config.position == ModelConfig::Position::rope;
+      ASSERT_EQ(inits.count("rope.cos"), rope ? 1u : 0u) << what;
+      ASSERT_EQ(inits.count("rope.sin"), rope ? 1u : 0u) << what;
+      if (rope) {
+        const std::int64_t hd = k.config.head_dim(), half = hd / 2, rows = k.config.max_seq_len;
+        std::vector<float> cos(static_cast<std::size_t>(rows * half)), sin(cos.size());
+        nn::rope_table(k.config.rope_theta, hd, rows, cos.data(), sin.data());
+        for (const auto& [name, want] : {std::pair{"rope.cos", &cos}, std::pair{"rope.sin", &sin}}) {
+          const onnx::TensorProto* t = inits.at(name);
+          EXPECT_THAT(t->dims(), ::testing::ElementsAre(rows, hd)) << what;
+          ASSERT_EQ(t->raw_data().size(), static_cast<std::size_t>(rows * hd) * 4) << what;
+          std::vector<float> got(static_cast<std::size_t>(rows * hd));
+          std::memcpy(got.data(), t->raw_data().data(), t->raw_data().size());
+          for (std::int64_t p = 0; p < rows; ++p) {
+            for (std::int64_t i = 0; i < hd; ++i) {
+              ASSERT_EQ(got[static_cast<std::size_t>(p * hd + i)], (*want)[static_cast<std::size_t>(p * half + i % half)])
+                  << what << " " << name << " row " << p << " column " << i;
+            }
+          }
+        }
+      }
     }
   }
 }
@@ -181,7 +231,8 @@ TEST(OnnxModel, OnlyStandardOperatorsFromTheDocumentedList) {
   const std::set<std::string> f32_ops = {"Shape",   "Concat", "Squeeze", "Range",     "Unsqueeze", "Less",
                                          "Slice",   "Gather", "Add",     "Reshape",   "Gemm",      "LayerNormalization",
                                          "Transpose", "Split", "MatMul", "Mul",       "Where",     "Softmax",
-                                         "Erf",     "ReduceMean"};
+                                         "Erf",     "ReduceMean", "Sqrt", "Div",     "Neg",       "Expand",
+                                         "Tanh",    "Sigmoid"};
   const std::set<std::string> int8_ops = {"DynamicQuantizeLinear", "MatMulInteger", "Cast"};
   for (const Kind& k : kKinds) {
     for (bool int8 : {false, true}) {
@@ -205,11 +256,22 @@ TEST(OnnxModel, ReaderErrorsAndBadConfigsStopTheExport) {
   EXPECT_THROW(exported(c, layout, failing, false), IoError);
   ModelConfig odd = c;
   odd.n_heads = 5;
-  try {
-    build_onnx_graph(odd, nn::declare_parameters(odd), {});
-    FAIL() << "5 heads of d_model 12 were accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.field(), "model.n_heads");
+  ModelConfig kv = kKinds[5].config;
+  kv.n_kv_heads = 3;  // of 4
+  ModelConfig odd_rope = kKinds[5].config;
+  odd_rope.n_heads = 2;
+  odd_rope.n_kv_heads = 1;
+  odd_rope.d_model = 10;  // head size 5
+  ModelConfig theta = kKinds[5].config;
+  theta.rope_theta = 0.0;
+  for (const auto& [config, field] : {std::pair{odd, "model.n_heads"}, std::pair{kv, "model.n_kv_heads"},
+                                      std::pair{odd_rope, "model.position"}, std::pair{theta, "model.rope_theta"}}) {
+    try {
+      build_onnx_graph(config, nn::declare_parameters(config), {});
+      FAIL() << field << ": a bad config was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), field);
+    }
   }
 }
 
