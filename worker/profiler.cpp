@@ -81,10 +81,11 @@ std::optional<ProfileSchedule> parse_profile_steps(const std::string& text) {
   if (text.empty()) return std::nullopt;
   ProfileSchedule s;
   bool seen[3] = {false, false, false};
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    const std::string_view item = rest.substr(0, rest.find(','));
-    rest = item.size() < rest.size() ? rest.substr(item.size() + 1) : std::string_view();
+  const std::string_view all = text;
+  for (std::size_t at = 0; at <= all.size();) {
+    const std::size_t comma = std::min(all.find(',', at), all.size());
+    const std::string_view item = all.substr(at, comma - at);
+    at = comma + 1;
     const auto eq = item.find('=');
     if (eq == std::string_view::npos) bad_schedule(text, fmt::format("has '{}' without '='", item));
     const std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
