@@ -5,15 +5,21 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <ctime>
+#include <fstream>
+#include <limits>
+#include <map>
 #include <ostream>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "nn/cpu/host_device.h"
+#include "proto/xplane.pb.h"
 
 namespace dtrain::worker {
 namespace {
@@ -75,7 +81,89 @@ bool write_gzip(const std::filesystem::path& file, const std::string& text) {
   return ok && !ec;
 }
 
+// Writes `bytes` to `file` through a temporary beside it. False when it fails.
+bool write_file(const std::filesystem::path& file, const std::string& bytes) {
+  const std::filesystem::path tmp = file.string() + ".tmp";
+  bool ok = false;
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    ok = static_cast<bool>(out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()))) &&
+         static_cast<bool>(out.flush());
+  }
+  std::error_code ec;
+  if (ok) std::filesystem::rename(tmp, file, ec);
+  if (!ok || ec) std::filesystem::remove(tmp, ec);
+  return ok && !ec;
+}
+
 }  // namespace
+
+// One plane per rank, "/device:CUSTOM:<rank>" (the trace viewer's process
+// <rank>), a line per thread, an event per complete event with its args as
+// int64 stats; time counts from the earliest event (the viewer keeps
+// picoseconds in 64 bits, too few for the epoch).
+std::string profile_xspace(const std::vector<std::string>& rank_events, const std::string& host) {
+  using Json = nlohmann::json;
+  std::vector<Json> ranks;
+  double origin_us = std::numeric_limits<double>::infinity();
+  for (const std::string& text : rank_events) {
+    ranks.push_back(Json::parse("[" + text + "]"));
+    for (const Json& e : ranks.back()) {
+      if (e.value("ph", "") == "X") origin_us = std::min(origin_us, e["ts"].get<double>());
+    }
+  }
+  if (!std::isfinite(origin_us)) origin_us = 0.0;
+  tensorflow::profiler::XSpace space;
+  space.add_hostnames(host);
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    tensorflow::profiler::XPlane& plane = *space.add_planes();
+    plane.set_id(static_cast<std::int64_t>(r) + 1);
+    plane.set_name(fmt::format("/device:CUSTOM:{}", r));
+    std::map<int, tensorflow::profiler::XLine*> lines;
+    std::map<std::string, std::int64_t> event_ids, stat_ids;
+    const auto line_of = [&](int tid) {
+      auto& line = lines[tid];
+      if (line == nullptr) {
+        line = plane.add_lines();
+        line->set_id(tid);
+        line->set_display_id(tid);
+        line->set_timestamp_ns(0);
+      }
+      return line;
+    };
+    const auto id_of = [](std::map<std::string, std::int64_t>& ids, const std::string& name) {
+      return ids.emplace(name, static_cast<std::int64_t>(ids.size()) + 1).first->second;
+    };
+    for (const Json& e : ranks[r]) {
+      const int tid = e.value("tid", 0);
+      if (e.value("ph", "") == "M") {
+        if (e.value("name", "") == "thread_name") line_of(tid)->set_name(e["args"]["name"].get<std::string>());
+        continue;
+      }
+      tensorflow::profiler::XEvent& x = *line_of(tid)->add_events();
+      x.set_metadata_id(id_of(event_ids, e["name"].get<std::string>()));
+      x.set_offset_ps(std::llround((e["ts"].get<double>() - origin_us) * 1e6));
+      x.set_duration_ps(std::llround(e["dur"].get<double>() * 1e6));
+      for (const auto& [name, value] : e["args"].items()) {
+        tensorflow::profiler::XStat& stat = *x.add_stats();
+        stat.set_metadata_id(id_of(stat_ids, name));
+        stat.set_int64_value(value.get<std::int64_t>());
+      }
+    }
+    for (const auto& [name, id] : event_ids) {
+      tensorflow::profiler::XEventMetadata& m = (*plane.mutable_event_metadata())[id];
+      m.set_id(id);
+      m.set_name(name);
+      m.set_display_name(name);
+    }
+    for (const auto& [name, id] : stat_ids) {
+      tensorflow::profiler::XStatMetadata& m = (*plane.mutable_stat_metadata())[id];
+      m.set_id(id);
+      m.set_name(name);
+    }
+  }
+  return space.SerializeAsString();
+}
 
 std::optional<ProfileSchedule> parse_profile_steps(const std::string& text) {
   if (text.empty()) return std::nullopt;
@@ -161,13 +249,15 @@ void Profiler::collect() {
   if (comm_.rank() != 0 || tensorboard_dir_.empty()) return;
   const std::filesystem::path dir =
       tensorboard_dir_ / "plugins" / "profile" / profile_run_name(std::chrono::system_clock::now());
-  const std::filesystem::path file = dir / (host_name() + ".trace.json.gz");
+  const std::string host = host_name();
+  const std::filesystem::path file = dir / (host + ".trace.json.gz");
+  const std::filesystem::path xplane = dir / (host + ".xplane.pb");
   std::string json = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   for (std::size_t r = 0; r < texts.size(); ++r) json += (r == 0 ? "" : ",\n") + texts[r];
   json += "\n]}\n";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec || !write_gzip(file, json)) {
+  if (ec || !write_gzip(file, json) || !write_file(xplane, profile_xspace(texts, host))) {
     warnings_ << fmt::format("warning: the profile of steps {} to {} is lost: cannot write '{}'{}; training goes on\n",
                              active_steps_.first, active_steps_.last, file.string(),
                              ec ? ": " + ec.message() : std::string());

@@ -13,7 +13,10 @@
 // of their lengths, then of the texts), and rank 0 writes one Chrome trace
 // (trace-event JSON, gzip) for all ranks, a process per rank and a thread per
 // stream, where TensorBoard's profile plugin looks:
-// <train.tensorboard_dir>/plugins/profile/<YYYY_MM_DD_HH_MM_SS>/<host>.trace.json.gz.
+// <train.tensorboard_dir>/plugins/profile/<YYYY_MM_DD_HH_MM_SS>/<host>.trace.json.gz,
+// and beside it the same events as <host>.xplane.pb, the XSpace the
+// plugin's trace viewer reads since its 2.19 (xprof): rank K is its process
+// "/device:CUSTOM:K".
 // Observability never stops a run: a file that cannot be written costs one
 // warning.
 //
@@ -27,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "nn/cpu/kernel_profile.h"
@@ -45,6 +49,12 @@ struct ProfileSchedule {
 // at least 1) -> the schedule; "" -> nullopt. Throws ConfigError naming
 // train.profile_steps when malformed.
 std::optional<ProfileSchedule> parse_profile_steps(const std::string& text);
+
+// The same events as an XSpace (proto/xplane.proto), serialized: the
+// <host>.xplane.pb that TensorBoard's profile plugin (xprof) builds its trace
+// viewer from. `rank_events` are the ranks' Tracer::events_json(), in rank
+// order.
+std::string profile_xspace(const std::vector<std::string>& rank_events, const std::string& host);
 
 // The run folder's name for a profile written at `t`: YYYY_MM_DD_HH_MM_SS
 // (UTC), as TensorFlow's profiler names them.

@@ -4,7 +4,8 @@
 // holding both ranks' processes, and kernel, collective and training events
 // of the active steps only; and TensorBoard (.venv's, with
 // tensorboard-plugin-profile), started here on loopback, lists the run's
-// profile through the plugin's runs route.
+// profile and serves its trace, every event of both ranks, through the
+// plugin's own routes (runs, run_tools, data).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -128,8 +130,8 @@ TEST(ProfileSteps, ConfigRulesNeedAFolderAndAStepToRecord) {
   }
 }
 
-// The one trace.json.gz under <tb>/plugins/profile/<run>/, and <run>.
-std::pair<std::filesystem::path, std::string> only_profile(const std::filesystem::path& tb) {
+// The files under <tb>/plugins/profile/<run>/ (one run), sorted.
+std::vector<std::filesystem::path> profile_files(const std::filesystem::path& tb) {
   std::vector<std::filesystem::path> files;
   const auto root = tb / "plugins" / "profile";
   if (std::filesystem::exists(root)) {
@@ -137,12 +139,11 @@ std::pair<std::filesystem::path, std::string> only_profile(const std::filesystem
       if (e.is_regular_file()) files.push_back(e.path());
     }
   }
-  EXPECT_EQ(files.size(), 1u) << "files under " << root;
-  if (files.empty()) return {};
-  return {files[0], files[0].parent_path().filename().string()};
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
-TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardLists) {
+TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
   TempDir dir;
   const auto config = dir.write("tiny.json", kTinyLm);  // 20 steps, 2 micro-batches each
   const std::string store = "127.0.0.1:" + std::to_string(free_port());
@@ -157,9 +158,13 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardLists) {
   }
   ASSERT_TRUE(wait_all(procs, 120s)) << "a worker hung";
   for (auto& p : procs) ASSERT_EQ(p.exit_code(), 0) << p.log();
-  const auto [file, run] = only_profile(out / "tensorboard");
-  ASSERT_FALSE(file.empty());
-  EXPECT_THAT(file.filename().string(), ::testing::EndsWith(".trace.json.gz"));
+  const std::vector<std::filesystem::path> files = profile_files(out / "tensorboard");
+  ASSERT_EQ(files.size(), 2u) << "<host>.trace.json.gz and <host>.xplane.pb";
+  const std::filesystem::path file = files[0];
+  const std::string run = file.parent_path().filename().string();
+  const std::string host = file.filename().string().substr(0, file.filename().string().find('.'));
+  EXPECT_EQ(file.filename().string(), host + ".trace.json.gz");
+  EXPECT_EQ(files[1], file.parent_path() / (host + ".xplane.pb"));
   EXPECT_THAT(run, ::testing::MatchesRegex("[0-9]{4}_[0-9]{2}_[0-9]{2}_[0-9]{2}_[0-9]{2}_[0-9]{2}"));
   EXPECT_THAT(procs[0].log(), HasSubstr("profile of steps 3 to 5 (2 rank(s)): " + file.string()));
 
@@ -171,6 +176,7 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardLists) {
   std::map<int, std::map<std::int64_t, std::pair<double, double>>> steps;
   std::map<int, std::map<std::string, int>> categories;
   std::map<int, std::set<std::string>> kernel_names;
+  std::map<int, std::map<std::string, int>> names;  // complete events by name
   for (const Json& e : trace["traceEvents"]) {
     const int pid = e["pid"];
     if (e["ph"] == "M") {
@@ -182,6 +188,7 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardLists) {
     const std::int64_t step = e["args"]["step"];
     EXPECT_TRUE(step >= 3 && step <= 5) << "an event of step " << step << " outside the active steps: " << e.dump();
     ++categories[pid][e["cat"]];
+    ++names[pid][e["name"]];
     if (e["name"] == "step") steps[pid][step] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
     if (e["cat"] == "kernel") {
       kernel_names[pid].insert(e["name"]);
@@ -214,7 +221,8 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardLists) {
     EXPECT_LE(e["ts"].get<double>() + e["dur"].get<double>(), end + 1.0) << e.dump();
   }
 
-  // TensorBoard with the profile plugin lists the run.
+  // TensorBoard with the profile plugin lists the run and serves its trace
+  // (from the XSpace): every rank a process, every event there.
   const std::string tensorboard = source_dir() + "/.venv/bin/tensorboard";
   ASSERT_TRUE(std::filesystem::exists(tensorboard)) << tensorboard << " is missing: run scripts/setup.sh";
   std::vector<Spawned> server{spawn_process({"/usr/bin/timeout", "-s", "KILL", "180", tensorboard, "--logdir",
@@ -230,10 +238,30 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardLists) {
   ASSERT_TRUE(listing.has_value()) << server[0].log();
   EXPECT_TRUE(Json::parse(*listing).contains("profile")) << "tensorboard-plugin-profile is not installed: " << *listing;
   const auto runs = tensorboard_get(port, "/data/plugin/profile/runs");
+  const auto tools = tensorboard_get(port, "/data/plugin/profile/run_tools?run=" + run);
+  const auto served = tensorboard_get(port, fmt::format("/data/plugin/profile/data?run={}&tag=trace_viewer&host={}", run, host));
   ::kill(server[0].pid, SIGTERM);
   wait_all(server, 30s);
   ASSERT_TRUE(runs.has_value()) << server[0].log();
   EXPECT_EQ(Json::parse(*runs), Json::array({run})) << *runs;
+  ASSERT_TRUE(tools.has_value()) << server[0].log();
+  EXPECT_THAT(*tools, HasSubstr("trace_viewer"));
+  ASSERT_TRUE(served.has_value()) << server[0].log();
+  std::map<int, std::string> served_processes;
+  std::map<int, std::map<std::string, int>> served_names;
+  const Json viewer = Json::parse(*served);
+  for (const Json& e : viewer["traceEvents"]) {
+    if (e.empty()) continue;  // the list's closing {}
+    if (e["ph"] == "M" && e["name"] == "process_name") served_processes[e["pid"]] = e["args"]["name"];
+    if (e["ph"] == "X") ++served_names[e["pid"]][e["name"]];
+  }
+  ASSERT_EQ(served_processes.size(), 2u) << *served;
+  int rank = 0;
+  for (const auto& [pid, name] : served_processes) {
+    EXPECT_EQ(name, fmt::format("/device:CUSTOM:{}", rank));
+    EXPECT_EQ(served_names[pid], names[rank]) << "rank " << rank << "'s events as the plugin serves them";
+    ++rank;
+  }
 }
 
 }  // namespace
