@@ -265,6 +265,10 @@ void Trainer::open_outputs() {
     profiler_->tracer().set_next_observer(tracer_.get());
     comm_->set_op_observer(&profiler_->tracer());
   }
+  if (tracer_ || profiler_) {
+    checkpointer_->set_phase_observer(
+        [this](const char* name, Clock::time_point start, Clock::time_point end) { trace_span(name, start, end); });
+  }
 }
 
 // A resumed or restarted run writes a new file that starts at its first

@@ -151,7 +151,8 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
   std::vector<Spawned> procs;
   for (int r = 0; r < 2; ++r) {
     procs.push_back(spawn_process({bin_dir() + "/dtrain-worker", "--config", config.string(), "--set",
-                                   "train.out_dir=" + out.string(), "--profile-steps", "wait=1,warmup=1,active=3"},
+                                   "train.out_dir=" + out.string(), "--set", "checkpoint.every_steps=4",
+                                   "--profile-steps", "wait=1,warmup=1,active=3"},
                                   {{"DTRAIN_RANK", std::to_string(r)}, {"DTRAIN_WORLD_SIZE", "2"},
                                    {"DTRAIN_STORE", store}, {"DTRAIN_TOKEN", "t"}, {"DTRAIN_RUN_ID", "prof"}},
                                   dir.file("rank" + std::to_string(r) + ".log")));
@@ -172,7 +173,8 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
   ASSERT_TRUE(trace["traceEvents"].is_array());
   std::map<int, std::string> processes;
   std::map<std::pair<int, int>, std::string> threads;
-  // Per rank: each step's [start, end] in µs, and the events by category.
+  // Per rank: each step's iteration [start of the step, end of its last
+  // training-thread event (a checkpoint's)] in µs, and the events by category.
   std::map<int, std::map<std::int64_t, std::pair<double, double>>> steps;
   std::map<int, std::map<std::string, int>> categories;
   std::map<int, std::set<std::string>> kernel_names;
@@ -189,7 +191,11 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
     EXPECT_TRUE(step >= 3 && step <= 5) << "an event of step " << step << " outside the active steps: " << e.dump();
     ++categories[pid][e["cat"]];
     ++names[pid][e["name"]];
-    if (e["name"] == "step") steps[pid][step] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+    if (e["cat"] == "train") {
+      auto& [start, end] = steps[pid].try_emplace(step, 1e300, 0.0).first->second;
+      start = std::min(start, e["ts"].get<double>());
+      end = std::max(end, e["ts"].get<double>() + e["dur"].get<double>());
+    }
     if (e["cat"] == "kernel") {
       kernel_names[pid].insert(e["name"]);
       EXPECT_GE(e["args"]["calls"].get<std::int64_t>(), 1) << e.dump();
@@ -204,7 +210,12 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
     EXPECT_EQ(threads[std::pair(pid, 0)], "training");
     EXPECT_EQ(threads[std::pair(pid, 1)], "comm");
     EXPECT_EQ(threads[std::pair(pid, 2)], "kernels");
-    ASSERT_EQ(steps[pid].size(), 3u) << "rank " << pid << ": one step event per active step";
+    ASSERT_EQ(steps[pid].size(), 3u) << "rank " << pid << ": the active steps";
+    EXPECT_EQ(names[pid]["step"], 3) << "rank " << pid;
+    // The save after step 4, in its parts (checkpoint.every_steps=4).
+    for (const char* part : {"checkpoint", "checkpoint write", "checkpoint gather", "checkpoint commit"}) {
+      EXPECT_EQ(names[pid][part], 1) << "rank " << pid << ": " << part;
+    }
     EXPECT_GT(categories[pid]["kernel"], 0) << "rank " << pid;
     EXPECT_GT(categories[pid]["comm"], 0) << "rank " << pid;
     EXPECT_GT(categories[pid]["train"], 3) << "rank " << pid;
@@ -212,8 +223,8 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
       EXPECT_EQ(kernel_names[pid].count(kernel), 1u) << "rank " << pid << " has no " << kernel << " event";
     }
   }
-  // Every kernel and collective lies within its step, give or take the
-  // microsecond the timestamps are rounded to.
+  // Every kernel and collective lies within its step's iteration, give or
+  // take the microsecond the timestamps are rounded to.
   for (const Json& e : trace["traceEvents"]) {
     if (e["ph"] != "X" || e["cat"] == "train") continue;
     const auto [start, end] = steps[e["pid"].get<int>()][e["args"]["step"].get<std::int64_t>()];
