@@ -25,12 +25,18 @@ sweep_iters=${SWEEP_ITERS:-5}
 echo "# command: ROUNDS=$rounds SWEEP_ITERS=$sweep_iters BUILD_DIR=$build" \
   "bench/compare-collectives.sh"
 
-# Build if needed (incremental; build output goes to stderr). SKIP_BUILD=1
-# takes the binaries as they are.
+# Builds the two programs first (incremental; it says so, and the build's
+# output goes to stderr). SKIP_BUILD=1 takes the binaries as they are.
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+  echo "compare-collectives.sh: building dtrain-bench and dtrain-bench-raw in $build first" \
+    "(SKIP_BUILD=1 uses them as they are)" >&2
   [[ -f $build/CMakeCache.txt ]] || cmake -S "$repo" -B "$build" -G Ninja >&2
   cmake --build "$build" --target dtrain-bench dtrain-bench-raw -j "${JOBS:-2}" >&2
 fi
+for program in "$build/bin/dtrain-bench" "$build/bin/dtrain-bench-raw"; do
+  [[ -x $program ]] || { echo "compare-collectives.sh: $program is missing: build it" \
+    "(cmake --build $build --target $(basename "$program")) or leave SKIP_BUILD unset" >&2; exit 1; }
+done
 bench=$build/bin/dtrain-bench
 raw=$build/bin/dtrain-bench-raw
 
