@@ -12,6 +12,7 @@
 #
 #   bench/compare-collectives.sh
 #   ROUNDS=5 SWEEP_ITERS=10 BUILD_DIR=build JOBS=4 bench/compare-collectives.sh
+#   ROUNDS=1 SWEEP_ITERS=1 SWEEP_MAX_BYTES=64K SKIP_BUILD=1 bench/compare-collectives.sh   (a smoke test)
 #
 # The first line printed is the command that reproduces the output. Exits 1
 # when any result was wrong, and at the first run that fails (with its error).
@@ -22,7 +23,8 @@ source "$repo/bench/lib.sh"
 build=${BUILD_DIR:-$repo/build}
 rounds=${ROUNDS:-3}
 sweep_iters=${SWEEP_ITERS:-5}
-echo "# command: ROUNDS=$rounds SWEEP_ITERS=$sweep_iters BUILD_DIR=$build" \
+sweep_max=${SWEEP_MAX_BYTES:-64M}
+echo "# command: ROUNDS=$rounds SWEEP_ITERS=$sweep_iters SWEEP_MAX_BYTES=$sweep_max BUILD_DIR=$build" \
   "bench/compare-collectives.sh"
 
 # Builds the two programs first (incremental; it says so, and the build's
@@ -127,7 +129,7 @@ wrong_total=0
 for backend in mpi gloo; do
   for collective in allreduce reduce_scatter allgather broadcast; do
     for dtype in f32 bf16 f16; do
-      out=$(run_dtrain "$backend" "$collective" --dtype "$dtype" --min-bytes 8 --max-bytes 64M \
+      out=$(run_dtrain "$backend" "$collective" --dtype "$dtype" --min-bytes 8 --max-bytes "$sweep_max" \
               --iters "$sweep_iters" --warmup 1 2>&1) || bench_failed "$backend $collective $dtype" "$out"
       wrong=$(field wrong_total "$out")
       [[ -n $wrong ]] || bench_failed "$backend $collective $dtype (no wrong_total line)" "$out"
@@ -137,6 +139,6 @@ for backend in mpi gloo; do
     done
   done
 done
-echo "# sweep: 2 ranks, 8 B .. 64 MiB doubling, $sweep_iters timed operations per size, op sum"
+echo "# sweep: 2 ranks, 8 B .. $sweep_max doubling, $sweep_iters timed operations per size, op sum"
 echo "wrong_total: $wrong_total"
 [[ $wrong_total -eq 0 ]]
