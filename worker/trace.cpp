@@ -146,6 +146,7 @@ void Tracer::sample_kernels() {
   }
   kernels_seen_at_ = now;
 }
+
 // The block's own compute: from after the engine's before_* hook (a ZeRO-3
 // gather) to before its after_* hook (a DDP bucket's all-reduce launch).
 void Tracer::before_forward(int block) {
