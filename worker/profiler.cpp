@@ -233,6 +233,7 @@ void Profiler::set_kernel_timing(bool on) {
 void Profiler::begin_step(std::int64_t step) {
   set_kernel_timing(!tracer_->written() && step >= warmup_first_ && step <= active_steps_.last);
   tracer_->begin_step(step);
+  if (tracer_->active()) last_recorded_ = step;
 }
 
 void Profiler::end_iteration() {
@@ -259,14 +260,14 @@ void Profiler::collect() {
   std::filesystem::create_directories(dir, ec);
   if (ec || !write_gzip(file, json) || !write_file(xplane, profile_xspace(texts, host))) {
     warnings_ << fmt::format("warning: the profile of steps {} to {} is lost: cannot write '{}'{}; training goes on\n",
-                             active_steps_.first, active_steps_.last, file.string(),
+                             active_steps_.first, last_recorded_, file.string(),
                              ec ? ": " + ec.message() : std::string());
     return;
   }
   written_ = file;
   if (console_ != nullptr) {
     *console_ << fmt::format("profile of steps {} to {} ({} rank(s)): {} (tensorboard --logdir {}, Profile tab)\n",
-                             active_steps_.first, active_steps_.last, texts.size(), file.string(),
+                             active_steps_.first, last_recorded_, texts.size(), file.string(),
                              tensorboard_dir_.string());
   }
 }

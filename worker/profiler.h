@@ -91,6 +91,7 @@ class Profiler {
   comm::Communicator& comm_;
   nn::Device& device_;
   TraceSteps active_steps_;
+  std::int64_t last_recorded_ = 0;  // the last active step begun
   std::int64_t warmup_first_;
   std::filesystem::path tensorboard_dir_;
   std::ostream* console_;

@@ -275,5 +275,47 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
   }
 }
 
+// A resumed run counts the schedule from its own first step, and a run that
+// ends inside the active steps writes what it recorded.
+TEST(Profiler, AResumedRunCountsFromItsFirstStepAndAShortRunWritesWhatItHas) {
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto out = dir / "run";
+  const std::string worker = fmt::format("{}/dtrain-worker --config {} --set train.out_dir={} "
+                                         "--set schedule.warmup_steps=2 ",
+                                         bin_dir(), config.string(), out.string());
+  const CommandResult first = run_command(worker + "--set train.steps=4 --set checkpoint.every_steps=4");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const CommandResult resumed = run_command(
+      worker + "--set train.steps=8 --set checkpoint.resume=auto --profile-steps wait=1,warmup=1,active=5");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("resumed from"));
+  EXPECT_THAT(resumed.output, HasSubstr("profile of steps 7 to 8 (1 rank(s))")) << "steps 5 and 6 wait and warm up";
+  const std::vector<std::filesystem::path> files = profile_files(out / "tensorboard");
+  ASSERT_EQ(files.size(), 2u);
+  const Json trace = Json::parse(gunzip(read_file(files[0])));
+  std::set<std::int64_t> steps;
+  for (const Json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") steps.insert(e["args"]["step"].get<std::int64_t>());
+  }
+  EXPECT_EQ(steps, (std::set<std::int64_t>{7, 8})) << "the run ended after step 8";
+}
+
+// Observability never stops a run: a profile that cannot be written is one
+// warning naming the file.
+TEST(Profiler, AnUnwritableFolderCostsAWarningNotTheRun) {
+  TempDir dir;
+  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto blocker = dir.write("a-file", "not a folder");
+  const CommandResult r = run_command(fmt::format(
+      "{}/dtrain-worker --config {} --set train.out_dir={} --set train.tensorboard_dir={} "
+      "--profile-steps wait=1,warmup=1,active=3",
+      bin_dir(), config.string(), dir.file("run"), (blocker / "tb").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr(fmt::format("warning: the profile of steps 3 to 5 is lost: cannot write '{}",
+                                              (blocker / "tb" / "plugins" / "profile").string())));
+  EXPECT_THAT(r.output, HasSubstr("training goes on"));
+}
+
 }  // namespace
 }  // namespace dtrain::testing
