@@ -258,8 +258,10 @@ void Trainer::open_outputs() {
   }
   if (const std::optional<ProfileSchedule> profiled = parse_profile_steps(t.profile_steps())) {
     nn::BlockHooks& inner = tracer_ ? static_cast<nn::BlockHooks&>(*tracer_) : *engine_;
+    // Without outputs (write_outputs false) the profile is recorded and gathered, and written nowhere.
     profiler_ = std::make_unique<Profiler>(*profiled, step_, *comm_, *device_, layout_.num_blocks(),
-                                           t.grad_accum_steps(), inner, t.tensorboard_dir(),
+                                           t.grad_accum_steps(), inner,
+                                           options_.write_outputs ? t.tensorboard_dir() : std::string(),
                                            options_.write_outputs && is_rank0() ? options_.console : nullptr,
                                            std::cerr);
     profiler_->tracer().set_next_observer(tracer_.get());
