@@ -65,8 +65,8 @@ class Profiler {
   // Profiles the steps after `first_step` (the last step done before this
   // invocation) by `schedule`, of a model with `blocks` blocks and `accum`
   // micro-batches per step on `device`, wrapping `inner` hooks. Rank 0
-  // writes under `tensorboard_dir` and prints where to `console` (may be
-  // null), warnings to `warnings`.
+  // writes under `tensorboard_dir` (empty: nowhere) and prints where to
+  // `console` (may be null), warnings to `warnings`.
   Profiler(ProfileSchedule schedule, std::int64_t first_step, comm::Communicator& comm, nn::Device& device,
            int blocks, int accum, nn::BlockHooks& inner, std::filesystem::path tensorboard_dir,
            std::ostream* console, std::ostream& warnings);
