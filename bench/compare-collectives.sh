@@ -12,6 +12,7 @@
 #
 #   bench/compare-collectives.sh
 #   ROUNDS=5 SWEEP_ITERS=10 BUILD_DIR=build JOBS=4 bench/compare-collectives.sh
+#   ROUNDS=1 SWEEP_ITERS=1 SWEEP_MAX_BYTES=64K SKIP_BUILD=1 bench/compare-collectives.sh   (a smoke test)
 #
 # The first line printed is the command that reproduces the output. Exits 1
 # when any result was wrong, and at the first run that fails (with its error).
@@ -22,15 +23,22 @@ source "$repo/bench/lib.sh"
 build=${BUILD_DIR:-$repo/build}
 rounds=${ROUNDS:-3}
 sweep_iters=${SWEEP_ITERS:-5}
-echo "# command: ROUNDS=$rounds SWEEP_ITERS=$sweep_iters BUILD_DIR=$build" \
+sweep_max=${SWEEP_MAX_BYTES:-64M}
+echo "# command: ROUNDS=$rounds SWEEP_ITERS=$sweep_iters SWEEP_MAX_BYTES=$sweep_max BUILD_DIR=$build" \
   "bench/compare-collectives.sh"
 
-# Build if needed (incremental; build output goes to stderr). SKIP_BUILD=1
-# takes the binaries as they are.
+# Builds the two programs first (incremental; it says so, and the build's
+# output goes to stderr). SKIP_BUILD=1 takes the binaries as they are.
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+  echo "compare-collectives.sh: building dtrain-bench and dtrain-bench-raw in $build first" \
+    "(SKIP_BUILD=1 uses them as they are)" >&2
   [[ -f $build/CMakeCache.txt ]] || cmake -S "$repo" -B "$build" -G Ninja >&2
   cmake --build "$build" --target dtrain-bench dtrain-bench-raw -j "${JOBS:-2}" >&2
 fi
+for program in "$build/bin/dtrain-bench" "$build/bin/dtrain-bench-raw"; do
+  [[ -x $program ]] || { echo "compare-collectives.sh: $program is missing: build it" \
+    "(cmake --build $build --target $(basename "$program")) or leave SKIP_BUILD unset" >&2; exit 1; }
+done
 bench=$build/bin/dtrain-bench
 raw=$build/bin/dtrain-bench-raw
 
@@ -121,7 +129,7 @@ wrong_total=0
 for backend in mpi gloo; do
   for collective in allreduce reduce_scatter allgather broadcast; do
     for dtype in f32 bf16 f16; do
-      out=$(run_dtrain "$backend" "$collective" --dtype "$dtype" --min-bytes 8 --max-bytes 64M \
+      out=$(run_dtrain "$backend" "$collective" --dtype "$dtype" --min-bytes 8 --max-bytes "$sweep_max" \
               --iters "$sweep_iters" --warmup 1 2>&1) || bench_failed "$backend $collective $dtype" "$out"
       wrong=$(field wrong_total "$out")
       [[ -n $wrong ]] || bench_failed "$backend $collective $dtype (no wrong_total line)" "$out"
@@ -131,6 +139,6 @@ for backend in mpi gloo; do
     done
   done
 done
-echo "# sweep: 2 ranks, 8 B .. 64 MiB doubling, $sweep_iters timed operations per size, op sum"
+echo "# sweep: 2 ranks, 8 B .. $sweep_max doubling, $sweep_iters timed operations per size, op sum"
 echo "wrong_total: $wrong_total"
 [[ $wrong_total -eq 0 ]]

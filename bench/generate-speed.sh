@@ -17,9 +17,12 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# The prompt and NEW tokens must fit, and so must the training data's
+# sequences (lm-small's data.seq_len, 128).
+max_seq_len=$((new + 8 > 128 ? new + 8 : 128))
 "$build/bin/dtrain-worker" --config "$repo/examples/configs/lm-small.json" --set train.steps=1 \
   --set train.eval_every=0 --set schedule.warmup_steps=0 --set checkpoint.every_steps=1 \
-  --set "model.max_seq_len=$((new + 8))" --set "train.out_dir=$work/run" >/dev/null
+  --set "model.max_seq_len=$max_seq_len" --set "train.out_dir=$work/run" >/dev/null
 
 # tokens/s of one generation.
 speed() {

@@ -201,6 +201,7 @@ void Checkpointer::advance() {
       }
     }
     p.blocked_s += seconds_since(t0);
+    phase_done("checkpoint gather", t0);
     return;
   }
   const Pending done = p;
@@ -210,6 +211,11 @@ void Checkpointer::advance() {
                     root_.string()));
   last_save_.step = done.step;
   last_save_.blocked_s = done.blocked_s + seconds_since(t0);
+  phase_done("checkpoint commit", t0);
+}
+
+void Checkpointer::phase_done(const char* name, Clock::time_point start) const {
+  if (phase_observer_) phase_observer_(name, start, Clock::now());
 }
 
 void Checkpointer::finish_save() {
@@ -228,6 +234,7 @@ void Checkpointer::save(std::int64_t step, std::int64_t data_position, std::int6
   const auto w0 = Clock::now();
   written_part_ = write_part(step, ranges);
   work_seconds_ = seconds_since(w0);
+  phase_done("checkpoint write", w0);
   pending_ = Pending{step, data_position, optimizer_step, 0.0, Phase::writing};
   finish_save();
   last_save_.blocked_s = seconds_since(t0);
@@ -286,6 +293,7 @@ void Checkpointer::start_save(std::int64_t step, std::int64_t data_position, std
     done_.store(true, std::memory_order_release);
   });
   pending_ = Pending{step, data_position, optimizer_step, seconds_since(t0), Phase::writing};
+  phase_done("checkpoint start", t0);
 }
 
 void Checkpointer::before_update() {
@@ -293,6 +301,7 @@ void Checkpointer::before_update() {
   const auto t0 = Clock::now();
   copied_.wait(false, std::memory_order_acquire);
   pending_->blocked_s += seconds_since(t0);
+  phase_done("checkpoint copy wait", t0);
 }
 
 // Loads the step in `dir` into the engine. Each rank checks the files and

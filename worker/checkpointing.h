@@ -20,8 +20,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -98,6 +100,17 @@ class Checkpointer {
   const SaveTimes& last_save() const { return last_save_; }
   const std::filesystem::path& root() const { return root_; }
 
+  // Told of each part of a save the training thread spends (for the trace
+  // and the profile, worker/trace.h): "checkpoint write" (a save's own
+  // file, synchronous saves), "checkpoint gather" (every rank's records),
+  // "checkpoint commit" (rank 0's commit, learned by every rank),
+  // "checkpoint start" (an asynchronous save's start) and "checkpoint copy
+  // wait" (before_update waiting for the copy). Names are string literals.
+  // The background thread's copy and write are not reported.
+  using PhaseObserver = std::function<void(const char* name, std::chrono::steady_clock::time_point start,
+                                           std::chrono::steady_clock::time_point end)>;
+  void set_phase_observer(PhaseObserver observer) { phase_observer_ = std::move(observer); }
+
  private:
   enum class Phase { writing, committing };
   struct Pending {
@@ -114,6 +127,7 @@ class Checkpointer {
   checkpoint::Manifest manifest_from(const std::vector<std::string>& parts, const Pending& pending) const;
   std::string try_load(const std::filesystem::path& dir, checkpoint::Manifest* manifest);
   void set_aside_corrupt_steps(std::int64_t resumed_step, std::ostream* console);
+  void phase_done(const char* name, std::chrono::steady_clock::time_point start) const;
 
   const config::Config& config_;
   sharding::Engine& engine_;
@@ -134,6 +148,7 @@ class Checkpointer {
   std::string commit_error_;
   checkpoint::Manifest run_state_;  // captured with the snapshot
   SaveTimes last_save_;
+  PhaseObserver phase_observer_;
 };
 
 }  // namespace dtrain::worker

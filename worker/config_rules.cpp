@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "worker/config.h"
+#include "worker/profiler.h"
 #include "worker/trace.h"
 
 namespace dtrain::worker {
@@ -190,6 +191,17 @@ void validate_training(const config::Config& c) {
   if (const auto traced = parse_trace_steps(t.trace_steps()); traced && traced->first > t.steps()) {
     fail("train.trace_steps", fmt::format("starts at step {} but the run has {} steps; trace steps within 1..{}",
                                           traced->first, t.steps(), t.steps()));
+  }
+  if (const auto profiled = parse_profile_steps(t.profile_steps())) {
+    if (t.tensorboard_dir().empty()) {
+      fail("train.profile_steps", "the profile goes to <train.tensorboard_dir>/plugins/profile, but "
+                                  "train.tensorboard_dir is \"\" (off); set train.tensorboard_dir or drop the profile");
+    }
+    if (const std::int64_t first = 1 + profiled->wait + profiled->warmup; first > t.steps()) {
+      fail("train.profile_steps", fmt::format("records from step {} on (wait {} + warmup {} + 1) but the run has {} "
+                                              "steps; lower wait or warmup",
+                                              first, profiled->wait, profiled->warmup, t.steps()));
+    }
   }
 
   const config::Schedule& s = c.schedule();

@@ -94,6 +94,7 @@ struct WorkerArgs {
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
   std::string slow_rank;
+  std::string profile_steps;  // train.profile_steps
   bool print_config = false;  // print the resolved config and stop
   bool eval_only = false;     // score the checkpoint resumed from, train nothing
   bool dry_run = false;       // validate, plan the memory, stop
@@ -116,6 +117,9 @@ void add_options(CLI::App& app, WorkerArgs& args) {
   app.add_option("--peak-flops", args.peak_flops,
                  "one rank's peak FLOP/s (e.g. 989e12 for an H100 in bf16): progress lines then show MFU "
                  "(default: DTRAIN_PEAK_FLOPS, which dtrain-launch --peak-flops sets)");
+  app.add_option("--profile-steps", args.profile_steps,
+                 "profile steps of every rank as torch.profiler.schedule: \"wait=1,warmup=1,active=3\" (the same as "
+                 "--set train.profile_steps=...); the trace goes to <train.tensorboard_dir>/plugins/profile");
   app.add_option("--testonly-slow-rank", args.slow_rank, "TEST ONLY: RANK:MS sleeps MS ms in each step of RANK");
 }
 
@@ -239,7 +243,9 @@ int dry_run(const dtrain::config::Config& config, const dtrain::cluster::Environ
 // Who this process is (dtrain-launch, mpirun, srun or alone), the run's
 // store and the communicators, then the training run.
 int train(const WorkerArgs& args) {
-  const dtrain::config::Config config = dtrain::worker::load_config(args.config_path, args.overrides);
+  std::vector<std::string> overrides = args.overrides;
+  if (!args.profile_steps.empty()) overrides.push_back("train.profile_steps=" + args.profile_steps);
+  const dtrain::config::Config config = dtrain::worker::load_config(args.config_path, overrides);
   if (args.print_config) {
     std::cout << dtrain::worker::config_to_json(config);
     return 0;

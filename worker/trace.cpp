@@ -1,5 +1,6 @@
 #include "worker/trace.h"
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 
@@ -18,6 +19,7 @@ bool parse_step(std::string_view text, std::int64_t& out) {
 
 constexpr int kTrainTid = 0;
 constexpr int kCommTid = 1;
+constexpr int kKernelTid = 2;
 
 }  // namespace
 
@@ -28,8 +30,8 @@ struct Tracer::Event {
   std::int64_t step = 0;
   std::int64_t start_ns = 0;
   std::int64_t end_ns = 0;
-  std::int64_t a = -1;  // block (forward/backward) or bytes (collectives)
-  std::int64_t b = -1;  // micro-batch (forward/backward) or seq (collectives)
+  std::int64_t a = -1;  // block (forward/backward), bytes (collectives) or calls (kernels)
+  std::int64_t b = -1;  // micro-batch (forward/backward), seq (collectives) or FLOPs/bytes (kernels)
   std::atomic<bool> ready{false};
 };
 
@@ -48,11 +50,14 @@ std::optional<TraceSteps> parse_trace_steps(const std::string& text) {
   return s;
 }
 
-Tracer::Tracer(int rank, TraceSteps steps, int blocks, int accum, std::filesystem::path file, nn::BlockHooks& inner)
-    : rank_(rank), steps_(steps), file_(std::move(file)), inner_(inner) {
+Tracer::Tracer(int rank, TraceSteps steps, int blocks, int accum, std::filesystem::path file, nn::BlockHooks& inner,
+               const nn::cpu::KernelProfile* kernels)
+    : rank_(rank), steps_(steps), file_(std::move(file)), inner_(inner), kernels_(kernels) {
   // Per micro-batch: forward and backward of every block, a data wait and up
-  // to ~4 collectives per block (ZeRO-3); per step a handful more.
-  const auto per_step = static_cast<std::size_t>(accum) * (6 * static_cast<std::size_t>(blocks) + 8) + 32;
+  // to ~4 collectives per block (ZeRO-3); per step a handful more. Kernel
+  // samples add a few kinds per interval (a block's forward: ~6).
+  auto per_step = static_cast<std::size_t>(accum) * (6 * static_cast<std::size_t>(blocks) + 8) + 32;
+  if (kernels_ != nullptr) per_step *= 8;
   capacity_ = static_cast<std::size_t>(steps.last - steps.first + 1) * per_step + 64;
   events_ = std::make_unique<Event[]>(capacity_);
   origin_ = Clock::now();
@@ -83,86 +88,149 @@ void Tracer::begin_step(std::int64_t step) {
   step_ = step;
   micro_ = 0;
   step_start_ = Clock::now();
-  active_.store(!written_ && step >= steps_.first && step <= steps_.last, std::memory_order_relaxed);
+  const bool traced = !written_ && step >= steps_.first && step <= steps_.last;
+  began_ = began_ || traced;
+  if (traced && kernels_ != nullptr) {  // what ran before this step is not the step's
+    for (int k = 0; k < nn::cpu::kKernelKinds; ++k) kernels_seen_[k] = (*kernels_)[static_cast<nn::cpu::KernelKind>(k)];
+    kernels_seen_at_ = step_start_;
+  }
+  active_.store(traced, std::memory_order_relaxed);
 }
 
 void Tracer::end_step() {
-  if (active()) record("step", kTrainTid, step_start_, Clock::now(), -1, -1);
+  if (!active()) return;
+  sample_kernels();
+  record("step", kTrainTid, step_start_, Clock::now(), -1, -1);
 }
 
-void Tracer::end_iteration() {
+bool Tracer::end_iteration() {
   const bool was_active = active();
+  if (was_active) sample_kernels();  // the checkpoint's and eval's kernels
   active_.store(false, std::memory_order_relaxed);
-  if (was_active && step_.load() == steps_.last) write();
+  if (!was_active || step_.load() != steps_.last) return false;
+  write();
+  return true;
 }
 
 void Tracer::span(const char* name, Clock::time_point start, Clock::time_point end) {
-  if (active()) record(name, kTrainTid, start, end, -1, -1);
+  if (!active()) return;
+  sample_kernels();
+  record(name, kTrainTid, start, end, -1, -1);
 }
 
-void Tracer::finish() {
+bool Tracer::finish() {
   active_.store(false, std::memory_order_relaxed);
-  if (!written_ && next_.load() > 0) write();
+  if (written_ || !began_) return false;
+  write();
+  return true;
+}
+
+// One event per kernel kind that ran since the last sample, laid end to end
+// from the last sample's time (see the header).
+void Tracer::sample_kernels() {
+  if (kernels_ == nullptr) return;
+  const Clock::time_point now = Clock::now();
+  Clock::time_point at = kernels_seen_at_;
+  for (int k = 0; k < nn::cpu::kKernelKinds; ++k) {
+    const auto kind = static_cast<nn::cpu::KernelKind>(k);
+    const nn::cpu::KernelTotals& total = (*kernels_)[kind];
+    nn::cpu::KernelTotals& seen = kernels_seen_[k];
+    if (total.calls != seen.calls) {
+      const auto took = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(std::max(0.0, total.seconds - seen.seconds)));
+      record(nn::cpu::kernel_kind_name(kind).data(), kKernelTid, at, at + took, total.calls - seen.calls,
+             static_cast<std::int64_t>(total.work - seen.work));
+      at += took;
+      seen = total;
+    }
+  }
+  kernels_seen_at_ = now;
 }
 
 // The block's own compute: from after the engine's before_* hook (a ZeRO-3
 // gather) to before its after_* hook (a DDP bucket's all-reduce launch).
 void Tracer::before_forward(int block) {
   inner_.before_forward(block);
+  if (active()) sample_kernels();
   block_start_ = Clock::now();
 }
 
 void Tracer::after_forward(int block) {
-  if (active()) record("forward", kTrainTid, block_start_, Clock::now(), block, micro_);
+  if (active()) {
+    sample_kernels();
+    record("forward", kTrainTid, block_start_, Clock::now(), block, micro_);
+  }
   inner_.after_forward(block);
 }
 
 void Tracer::before_backward(int block) {
   inner_.before_backward(block);
+  if (active()) sample_kernels();
   block_start_ = Clock::now();
 }
 
 void Tracer::after_backward(int block) {
-  if (active()) record("backward", kTrainTid, block_start_, Clock::now(), block, micro_);
+  if (active()) {
+    sample_kernels();
+    record("backward", kTrainTid, block_start_, Clock::now(), block, micro_);
+  }
   inner_.after_backward(block);
 }
 
 void Tracer::on_op(const comm::OpTiming& op) {
+  if (next_observer_ != nullptr) next_observer_->on_op(op);
   if (!active()) return;
   record(comm::op_kind_name(op.kind), kCommTid, op.start, op.end, static_cast<std::int64_t>(op.bytes),
          static_cast<std::int64_t>(op.seq));
 }
 
-void Tracer::write() {
-  written_ = true;
+std::string Tracer::events_json() const {
   const double origin_us =
       1e-3 * static_cast<double>(
                  std::chrono::duration_cast<std::chrono::nanoseconds>(origin_system_.time_since_epoch()).count());
-  std::ofstream out(file_);
-  out << fmt::format("{{\"displayTimeUnit\":\"ms\",\"dropped\":{},\"traceEvents\":[\n", dropped_.load());
-  out << fmt::format("{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":\"rank {0}\"}}}},\n"
-                     "{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{0},\"tid\":0,\"args\":{{\"sort_index\":{0}}}}},\n"
-                     "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":\"training\"}}}},\n"
-                     "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{0},\"tid\":1,\"args\":{{\"name\":\"comm\"}}}}",
-                     rank_);
+  std::string out = fmt::format(
+      "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":\"rank {0}\"}}}},\n"
+      "{{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":{0},\"tid\":0,\"args\":{{\"sort_index\":{0}}}}},\n"
+      "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":\"training\"}}}},\n"
+      "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{0},\"tid\":1,\"args\":{{\"name\":\"comm\"}}}}",
+      rank_);
+  if (kernels_ != nullptr) {
+    out += fmt::format(
+        ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"kernels\"}}}}",
+        rank_, kKernelTid);
+  }
   const std::size_t n = std::min(next_.load(), capacity_);
   for (std::size_t i = 0; i < n; ++i) {
     const Event& e = events_[i];
     if (!e.ready.load(std::memory_order_acquire)) continue;  // still being recorded: leave it out
     std::string args;
+    const char* cat = "train";
     if (e.tid == kCommTid) {
-      args = fmt::format("\"bytes\":{},\"seq\":{}", e.a, e.b);
+      cat = "comm";
+      args = fmt::format("\"step\":{},\"bytes\":{},\"seq\":{}", e.step, e.a, e.b);
+    } else if (e.tid == kKernelTid) {
+      cat = "kernel";
+      args = fmt::format("\"step\":{},\"calls\":{},\"{}\":{}", e.step, e.a,
+                         std::string_view(e.name) == "gemm" ? "flops" : "bytes", e.b);
     } else if (e.a >= 0) {
       args = fmt::format("\"step\":{},\"block\":{},\"micro\":{}", e.step, e.a, e.b);
     } else {
       args = fmt::format("\"step\":{}", e.step);
     }
-    out << fmt::format(",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
+    out += fmt::format(",\n{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},"
                        "\"dur\":{:.3f},\"args\":{{{}}}}}",
-                       e.name, e.tid == kCommTid ? "comm" : "train", rank_, e.tid,
-                       origin_us + 1e-3 * static_cast<double>(e.start_ns),
+                       e.name, cat, rank_, e.tid, origin_us + 1e-3 * static_cast<double>(e.start_ns),
                        1e-3 * static_cast<double>(e.end_ns - e.start_ns), args);
   }
+  return out;
+}
+
+void Tracer::write() {
+  written_ = true;
+  if (file_.empty()) return;  // the owner collects events_json()
+  std::ofstream out(file_);
+  out << fmt::format("{{\"displayTimeUnit\":\"ms\",\"dropped\":{},\"traceEvents\":[\n", dropped_.load());
+  out << events_json();
   out << "\n]}\n";
   if (!out.flush()) throw IoError(fmt::format("cannot write the trace '{}'", file_.string()));
 }

@@ -15,6 +15,7 @@
 #include "worker/heartbeat.h"
 #include "worker/metrics_publisher.h"
 #include "worker/precision.h"
+#include "worker/profiler.h"
 #include "worker/signals.h"
 #include "worker/tensorboard.h"
 #include "worker/trace.h"
@@ -44,12 +45,18 @@ std::int64_t Trainer::device_bytes() const {
 }
 
 Trainer::~Trainer() {
-  if (tracer_) comm_->set_op_observer(nullptr);  // the communicator may outlive the tracer
+  if (tracer_ || profiler_) comm_->set_op_observer(nullptr);  // the communicator may outlive the tracers
 }
 
 nn::BlockHooks& Trainer::hooks() {
+  if (profiler_ && profiler_->active()) return profiler_->tracer();  // wraps tracer_ when there is one
   if (tracer_ && tracer_->active()) return *tracer_;
   return *engine_;
+}
+
+void Trainer::trace_span(const char* name, Clock::time_point start, Clock::time_point end) {
+  if (tracer_) tracer_->span(name, start, end);
+  if (profiler_) profiler_->tracer().span(name, start, end);
 }
 
 void Trainer::record_live(const StepResult& r, double compute_s, double data_wait_s) {
@@ -69,6 +76,7 @@ StepResult Trainer::step() {
   const auto t0 = Clock::now();
   if (options_.heartbeat != nullptr) options_.heartbeat->set_phase(Phase::forward, step_);
   if (tracer_) tracer_->begin_step(step_ + 1);
+  if (profiler_) profiler_->begin_step(step_ + 1);
   const LocalStep local = compute_step(t0);
   // The loss of the whole global batch (the mean over ranks), and whether any
   // rank was asked to stop: every rank sees the same answer at this boundary.
@@ -83,6 +91,7 @@ StepResult Trainer::step() {
   StepResult result{step_, shared[0], local.lr, static_cast<float>(local.norm), seconds_since(t0)};
   if (shared[1] > 0.0f) result.stop_signal = signal != 0 ? signal : static_cast<int>(shared[2] / shared[1] + 0.5f);
   if (tracer_) tracer_->end_step();
+  if (profiler_) profiler_->end_step();
   record_live(result, local.compute_s, local.data_wait_s);
   return result;
 }
@@ -95,10 +104,9 @@ nn::ModelInputs Trainer::next_micro_batch(int micro, double& data_wait) {
   const data::Batch& batch = train_loader_->next(std::chrono::seconds(config_.parallel().timeout_s()));
   const auto wait_end = Clock::now();
   data_wait += std::chrono::duration<double>(wait_end - wait_start).count();
-  if (tracer_) {
-    tracer_->span("data wait", wait_start, wait_end);
-    tracer_->set_micro(micro);
-  }
+  trace_span("data wait", wait_start, wait_end);
+  if (tracer_) tracer_->set_micro(micro);
+  if (profiler_) profiler_->tracer().set_micro(micro);
   if (options_.testonly_slow_ms > 0 && micro == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.testonly_slow_ms));
   }
@@ -126,7 +134,7 @@ Trainer::LocalStep Trainer::compute_step(Clock::time_point t0) {
   const auto sync_start = Clock::now();
   engine_->finish_backward();
   const auto optimizer_start = Clock::now();
-  if (tracer_) tracer_->span("grad sync", sync_start, optimizer_start);
+  trace_span("grad sync", sync_start, optimizer_start);
   const double norm = engine_->grad_norm();  // the host's one wait for the device
   const float loss = model_->collect().loss;
   const double compute_s =
@@ -137,7 +145,7 @@ Trainer::LocalStep Trainer::compute_step(Clock::time_point t0) {
   const nn::AdamWHyper hyper{lr, o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
   checkpointer_->before_update();  // an async save may still be copying the state
   if (engine_->step(hyper, optimizer_steps_ + 1, clip)) ++optimizer_steps_;  // a skipped fp16 step does not count
-  if (tracer_) tracer_->span("optimizer", optimizer_start, Clock::now());
+  trace_span("optimizer", optimizer_start, Clock::now());
   return LocalStep{loss, lr, norm, compute_s, data_wait};
 }
 
@@ -240,12 +248,12 @@ TrainSummary Trainer::run() {
     if (histograms_due(r.step)) TensorBoardLog::log_histograms(*engine_, r.step, tensorboard_.get());
     if (options_.after_step && r.stop_signal == 0) options_.after_step(r);
     const auto checkpoint_start = Clock::now();
-    if (checkpoint_after(r) && tracer_) tracer_->span("checkpoint", checkpoint_start, Clock::now());
+    if (checkpoint_after(r)) trace_span("checkpoint", checkpoint_start, Clock::now());
     note_saves();
     if ((t.eval_every() > 0 && r.step % t.eval_every() == 0) || r.step == t.steps()) {
       const auto eval_start = Clock::now();
       const EvalResult e = evaluate();
-      if (tracer_) tracer_->span("eval", eval_start, Clock::now());
+      trace_span("eval", eval_start, Clock::now());
       if (metrics_) metrics_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
       if (tensorboard_) tensorboard_->log_eval(r.step, e.loss, e.accuracy, e.perplexity);
       log_eval(e);
@@ -260,11 +268,13 @@ TrainSummary Trainer::run() {
       summary.stopped_by_signal = r.stop_signal;
       break;
     }
-    if (tracer_) tracer_->end_iteration();  // writes the trace after its last step
+    if (tracer_) tracer_->end_iteration();      // writes the trace after its last step
+    if (profiler_) profiler_->end_iteration();  // rank 0 writes the profile after its last step
   }
   finish_checkpoint();  // a save still in flight commits before the run ends
   note_saves();
   if (tracer_) tracer_->finish();  // a run stopped before the last traced step
+  if (profiler_) profiler_->finish();
   // "end" means train.steps were reached: a run stopped by a signal resumes
   // later and appends to the same file, which then reads as one run.
   if (metrics_ && summary.stopped_by_signal == 0) metrics_->log_end(step_, r.loss);

@@ -34,6 +34,7 @@ struct StepResult;
 class Heartbeat;
 class LiveMetrics;
 class TensorBoardLog;
+class Profiler;
 class Tracer;
 
 struct TrainerOptions {
@@ -185,8 +186,11 @@ class Trainer {
   void note_saves();
   std::string timestamp() const;
   bool is_rank0() const { return comm_->rank() == 0; }
-  // The hooks the model calls: the tracer around the engine while a step is traced.
+  // The hooks the model calls: the tracers around the engine while a step is traced.
   nn::BlockHooks& hooks();
+  // Records a span on the training thread into the trace and the profile
+  // (whichever records this step). `name` must be a string literal.
+  void trace_span(const char* name, Clock::time_point start, Clock::time_point end);
   // Figures of a step for /metrics and the trace's checkpoint span.
   void record_live(const StepResult& r, double compute_s, double data_wait_s);
   // One step's compute on this rank: micro-batches, gradient sync, clipping and AdamW.
@@ -224,6 +228,7 @@ class Trainer {
   std::int64_t step_ = 0;
   std::int64_t optimizer_steps_ = 0;  // updates applied (AdamW's t): steps minus skipped fp16 steps
   std::unique_ptr<Tracer> tracer_;  // train.trace_steps; observes comm_'s collectives
+  std::unique_ptr<Profiler> profiler_;  // train.profile_steps; wraps tracer_ and observes comm_ before it
   std::int64_t live_save_step_ = -1;  // the last save reported to live_metrics
 };
 

@@ -13,6 +13,7 @@
 #include "nn/cuda_device.h"
 #include "worker/config.h"
 #include "worker/precision.h"
+#include "worker/profiler.h"
 #include "worker/tensorboard.h"
 #include "worker/trace.h"
 #include "worker/trainer.h"
@@ -355,6 +356,21 @@ void Trainer::open_outputs() {
         comm_->rank(), *traced, layout_.num_blocks(), t.grad_accum_steps(),
         std::filesystem::absolute(t.out_dir(), ec) / fmt::format("trace_rank_{}.json", comm_->rank()), *engine_);
     comm_->set_op_observer(tracer_.get());
+  }
+  if (const std::optional<ProfileSchedule> profiled = parse_profile_steps(t.profile_steps())) {
+    nn::BlockHooks& inner = tracer_ ? static_cast<nn::BlockHooks&>(*tracer_) : *engine_;
+    // Without outputs (write_outputs false) the profile is recorded and gathered, and written nowhere.
+    profiler_ = std::make_unique<Profiler>(*profiled, step_, *comm_, *device_, layout_.num_blocks(),
+                                           t.grad_accum_steps(), inner,
+                                           options_.write_outputs ? t.tensorboard_dir() : std::string(),
+                                           options_.write_outputs && is_rank0() ? options_.console : nullptr,
+                                           std::cerr);
+    profiler_->tracer().set_next_observer(tracer_.get());
+    comm_->set_op_observer(&profiler_->tracer());
+  }
+  if (tracer_ || profiler_) {
+    checkpointer_->set_phase_observer(
+        [this](const char* name, Clock::time_point start, Clock::time_point end) { trace_span(name, start, end); });
   }
 }
 
