@@ -1,7 +1,9 @@
 #include "cluster/env_vars.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -113,6 +115,44 @@ HostPort parse_host_port(const std::string& address, const std::string& variable
     fail(fmt::format("the port must be a number from 1 to {}", kMaxPort));
   }
   return result;
+}
+
+bool is_etcd_address(const std::string& address) { return address.rfind(kEtcdScheme, 0) == 0; }
+
+std::vector<HostPort> parse_etcd_endpoints(const std::string& list, const std::string& what) {
+  const std::string text = is_etcd_address(list) ? list.substr(std::strlen(kEtcdScheme)) : list;
+  std::vector<HostPort> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::string item = text.substr(start, comma - start);
+    if (item.rfind("http://", 0) == 0) item = item.substr(7);
+    if (item.empty()) {
+      throw Error(fmt::format("{}='{}' has an empty entry; write etcd's client endpoints as "
+                              "'h1:2379,h2:2379,h3:2379'", what, list));
+    }
+    // Without a port (no ':' after the host, or after an IPv6 literal's ']'), etcd's own 2379.
+    const bool bracketed = item.front() == '[';
+    const bool has_port = bracketed ? item.find("]:") != std::string::npos
+                                    : std::count(item.begin(), item.end(), ':') == 1;
+    if (!has_port && (bracketed || item.find(':') == std::string::npos)) {
+      item += fmt::format(":{}", kEtcdDefaultPort);
+    }
+    out.push_back(parse_host_port(item, what));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string etcd_address(const std::vector<HostPort>& endpoints) {
+  std::string out = kEtcdScheme;
+  for (std::size_t i = 0; i < endpoints.size(); ++i) {
+    const HostPort& e = endpoints[i];
+    if (i > 0) out += ",";
+    out += e.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", e.host, e.port)
+                                                 : fmt::format("{}:{}", e.host, e.port);
+  }
+  return out;
 }
 
 }  // namespace dtrain::cluster
