@@ -1,8 +1,8 @@
 // A 3-member etcd cluster of the test's own on loopback (ports chosen free,
 // data in a temporary folder), for the tests of the etcd store and of
 // dtrain-launch's etcd rendezvous. start() waits for every member's health
-// (etcdctl endpoint health) within a timeout; members can be killed one by one; the destructor stops
-// whatever still runs. Needs the etcd binary (Debian's etcd-server, which
+// (etcdctl endpoint health) within a timeout; members can be killed one by
+// one; the destructor stops whatever still runs. Needs the etcd binary (Debian's etcd-server, which
 // scripts/setup.sh installs): etcd_binary() is empty without it, and tests
 // skip saying so.
 #pragma once
@@ -52,7 +52,7 @@ class EtcdCluster {
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
-  // Starts every member and waits until each answers /health with true;
+  // Starts every member and waits until each says it is healthy;
   // empty when they all did within `timeout`, else what went wrong.
   std::string start(std::chrono::seconds timeout = std::chrono::seconds(30)) {
     std::string initial;

@@ -2,7 +2,8 @@
 // typed test suite: a test file instantiates it with a backend type that
 // hands out clients of one fresh store (`std::shared_ptr<Store> client()`)
 // and says how many clients add to one counter at once
-// (kConcurrentClients, kAddsEach):
+// (kConcurrentClients, kAddsEach); a static skip_reason() may say why the
+// machine cannot run it (the tests then skip):
 //   INSTANTIATE_TYPED_TEST_SUITE_P(Name, StoreContract, ::testing::Types<MyBackend>);
 // in namespace dtrain::testing.
 #pragma once
@@ -36,6 +37,12 @@ using ::testing::IsEmpty;
 template <class Backend>
 class StoreContract : public ::testing::Test {
  protected:
+  // A backend that needs something the machine may lack says why in skip_reason().
+  void SetUp() override {
+    if constexpr (requires { Backend::skip_reason(); }) {
+      if (const std::string why = Backend::skip_reason(); !why.empty()) GTEST_SKIP() << why;
+    }
+  }
   std::shared_ptr<Store> client() { return backend_.client(); }
   Backend backend_;
 };

@@ -1,0 +1,224 @@
+// etcd as the control plane: the Store contract against EtcdStore on a
+// 3-member etcd cluster of the test's own (loopback); failover when a member
+// dies; the lease of set keys; and dtrain-launch --rdzv-backend etcd: two
+// agents train to the end while an etcd member is killed, an elastic job goes
+// on at one node after the agent that started first is killed with SIGKILL,
+// and an unreachable endpoint is a one-line error naming it. Skips, saying
+// why, where the etcd binary is absent (scripts/setup.sh installs it).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <atomic>
+
+#include "comm/etcd_store.h"
+#include "core/error.h"
+#include "integration/launch_testing.h"
+#include "support/etcd_cluster.h"
+#include "support/store_contract.h"
+
+namespace dtrain::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// One cluster for the contract's tests (each gets a prefix of its own).
+EtcdCluster& shared_cluster() {
+  static EtcdCluster cluster;
+  static const std::string started = cluster.start();
+  if (!started.empty()) throw std::runtime_error(started);
+  return cluster;
+}
+
+comm::EtcdStore::Options etcd_options(const std::string& endpoints, const std::string& prefix = "dtrain-test/") {
+  comm::EtcdStore::Options o;
+  o.endpoints = cluster::parse_etcd_endpoints(endpoints, "test endpoints");
+  o.prefix = prefix;
+  o.connect_timeout = 5s;
+  o.timeout = 10s;
+  o.attempt_timeout = 2s;
+  return o;
+}
+
+struct EtcdBackend {
+  static constexpr int kConcurrentClients = 8;  // add is a compare-and-swap: etcd has no increment
+  static constexpr int kAddsEach = 25;
+  static std::string skip_reason() { return etcd_binary().empty() ? kNoEtcd : ""; }
+  std::string prefix = fmt::format("contract-{}-{}/", ::getpid(), next());
+  std::shared_ptr<Store> client() {
+    return std::make_shared<comm::EtcdStore>(etcd_options(shared_cluster().endpoints(), prefix));
+  }
+  static int next() {
+    static std::atomic<int> n{0};
+    return n++;
+  }
+};
+
+struct EtcdName {
+  template <class T>
+  static std::string GetName(int) {
+    return "Etcd";
+  }
+};
+
+INSTANTIATE_TYPED_TEST_SUITE_P(Etcd, StoreContract, ::testing::Types<EtcdBackend>, EtcdName);
+
+class EtcdStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (etcd_binary().empty()) GTEST_SKIP() << kNoEtcd;
+  }
+};
+
+TEST_F(EtcdStoreTest, GoesOnThroughTheOtherMembersWhenTheFirstEndpointDies) {
+  EtcdCluster cluster;
+  ASSERT_EQ(cluster.start(), "");
+  comm::EtcdStore store(etcd_options(cluster.endpoints()));
+  comm::EtcdStore other(etcd_options(cluster.endpoints()));
+  store.set("before", comm::to_bytes("1"));
+  EXPECT_EQ(store.add("n", 1), 1);
+  cluster.kill(0);  // the endpoint both clients talk to
+  EXPECT_EQ(comm::to_string(store.get("before", 1s)), "1");
+  store.set("after", comm::to_bytes("2"));
+  EXPECT_EQ(store.add("n", 1), 2);
+  EXPECT_EQ(comm::to_string(other.get("after", 5s)), "2");
+  EXPECT_EQ(other.add("n", 1), 3);
+}
+
+TEST_F(EtcdStoreTest, NoEndpointAnsweringIsACommErrorNamingEachWithinTheTimeout) {
+  const int dead1 = free_port(), dead2 = free_port();
+  auto options = etcd_options(fmt::format("127.0.0.1:{},127.0.0.1:{}", dead1, dead2));
+  options.connect_timeout = 500ms;
+  try {
+    comm::EtcdStore store(options);
+    FAIL() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("127.0.0.1:{}: cannot connect", dead1)));
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("127.0.0.1:{}: cannot connect", dead2)));
+    EXPECT_THAT(e.what(), HasSubstr("within 500 ms"));
+    EXPECT_THAT(std::string(e.what()), Not(HasSubstr("\n")));
+  }
+}
+
+TEST_F(EtcdStoreTest, SetKeysCarryTheLeaseAndGoWithItCountersStay) {
+  EtcdCluster& cluster = shared_cluster();
+  const std::string prefix = fmt::format("lease-{}/", ::getpid());
+  comm::EtcdStore watcher(etcd_options(cluster.endpoints(), prefix));
+  {
+    auto options = etcd_options(cluster.endpoints(), prefix);
+    options.lease_ttl = 3s;
+    comm::EtcdStore agent(options);
+    agent.set("node/0", comm::to_bytes("mine"));
+    agent.add("joined", 1);
+    EXPECT_EQ(comm::to_string(agent.compare_set("end", {}, comm::to_bytes("why"))), "why");
+    std::this_thread::sleep_for(4s);  // past the TTL: the keep-alive held it
+    EXPECT_TRUE(watcher.check("node/0"));
+  }  // destroyed: the lease is revoked
+  EXPECT_FALSE(watcher.check("node/0"));
+  EXPECT_EQ(watcher.add("joined", 0), 1);
+  EXPECT_EQ(comm::to_string(watcher.get("end", 1s)), "why");
+  EXPECT_EQ(watcher.delete_prefix(""), 2);
+  EXPECT_EQ(watcher.num_keys(), 0);
+}
+
+// Two agents (node ranks 0 and 1) with --rdzv-backend etcd, each a worker.
+std::vector<std::string> etcd_node_args(const std::string& nnodes, int rank, const std::string& endpoints,
+                                        const std::string& run_id, const TempDir& dir) {
+  return {"--nnodes", nnodes, "--node-rank", std::to_string(rank), "--rdzv-backend", "etcd", "--rdzv-endpoint",
+          endpoints, "--rdzv-id", run_id, "--nproc-per-node", "1", "--rdzv-timeout", "60", "--log-dir",
+          dir.file(fmt::format("logs{}", rank))};
+}
+
+class LaunchEtcd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (etcd_binary().empty()) GTEST_SKIP() << kNoEtcd;
+    ASSERT_EQ(cluster_.start(), "");
+  }
+  EtcdCluster cluster_;
+};
+
+TEST_F(LaunchEtcd, TwoNodesTrainToTheEndAsByHandWhileAnEtcdMemberIsKilled) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const std::vector<std::string> sets = {"train.steps=200"};
+  ASSERT_TRUE(run_by_hand(dir, 2, worker_command(config, dir / "hand", sets))) << read_file(dir / "hand0.log");
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    auto args = etcd_node_args("2", node, cluster_.endpoints(), "etcd-two", dir);
+    if (node == 1) args[5] = "etcd-v2";  // torchrun's spelling
+    agents.push_back(start_launch(args, worker_command(config, dir / "run", sets),
+                                  dir.file(fmt::format("agent{}.log", node))));
+  }
+  const std::string log0 = dir.file("agent0.log");
+  ASSERT_FALSE(wait_for_text(log0, "step +50/200", 60s).empty()) << read_file(log0);
+  cluster_.kill(0);  // the first endpoint of both agents and of every worker
+  ASSERT_THAT(read_file(log0), Not(HasSubstr("all workers of every node finished")))
+      << "the job ended before the etcd member was killed: this test needs a longer one";
+  ASSERT_TRUE(wait_all(agents, 120s)) << read_file(log0) << read_file(dir / "agent1.log");
+  for (auto& a : agents) ASSERT_EQ(a.exit_code(), 0) << a.log();
+  EXPECT_THAT(agents[0].log(), Not(HasSubstr("hosting the run's store")));
+  EXPECT_THAT(agents[1].log(), HasSubstr("round 0: node 1 of 2, ranks 1-1 of 2"));
+  EXPECT_THAT(agents[1].log(), HasSubstr("--rdzv-backend etcd-v2: torchrun's name"));
+  EXPECT_THAT(agents[1].log(), HasSubstr("speaks etcd's v3 API"));
+  EXPECT_THAT(agents[0].log(), Not(HasSubstr("round 1")));
+  // Unaffected: the same steps and losses as the job started by hand.
+  EXPECT_EQ(comparable_metrics(dir / "run" / "metrics.jsonl"), comparable_metrics(dir / "hand" / "metrics.jsonl"));
+  // The last agent to leave removed the job's keys.
+  const CommandResult left = run_command(fmt::format(
+      "ETCDCTL_API=3 timeout -s KILL 10 etcdctl --endpoints {} get --prefix --keys-only dtrain/etcd-two/",
+      cluster_.endpoints()));
+  EXPECT_EQ(left.exit_code, 0) << left.output;
+  EXPECT_THAT(left.output, Not(HasSubstr("dtrain/etcd-two/"))) << left.output;
+}
+
+// With the built-in store, the agent that started first hosts it and the job
+// cannot outlive it; with etcd nobody hosts the store, and an elastic job
+// goes on at the smaller world from its checkpoint.
+TEST_F(LaunchEtcd, ElasticJobGoesOnAtOneNodeAfterTheFirstAgentIsKilled) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const auto command = worker_command(config, dir / "run", {"train.steps=300", "train.grad_accum_steps=2",
+                                                            "checkpoint.every_steps=10", "checkpoint.resume=auto"});
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    auto args = etcd_node_args("1:2", node, cluster_.endpoints(), "etcd-elastic", dir);
+    args.insert(args.end(), {"--rdzv-last-call", "5", "--max-restarts", "2", "--stop-timeout", "5"});
+    agents.push_back(start_launch(args, command, dir.file(fmt::format("agent{}.log", node))));
+    if (node == 0) {
+      ASSERT_FALSE(wait_for_text(dir.file("agent0.log"), "waiting for 1-2 node", 30s).empty())
+          << read_file(dir / "agent0.log");
+    }
+  }
+  const std::string log0 = dir.file("agent0.log"), log1 = dir.file("agent1.log");
+  ASSERT_FALSE(wait_for_text(log1, "round 0: node 1 of 2", 60s).empty()) << read_file(log1);
+  ASSERT_FALSE(wait_for_text(log0, "step +30/300", 60s).empty()) << read_file(log0);
+  ::kill(agents[0].pid, SIGKILL);  // the first agent: node rank 0, where global rank 0 runs
+  ASSERT_TRUE(wait_all(agents, 150s)) << read_file(log1);
+  const std::string out = read_file(log1);
+  EXPECT_EQ(agents[1].exit_code(), 0) << out;
+  EXPECT_THAT(out, HasSubstr("round 1: node 0 of 1, ranks 0-0 of 1"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("resumed from .* saved by 2 rank"));
+  EXPECT_THAT(out, HasSubstr("[rank 0] done: 300 steps"));
+}
+
+TEST_F(LaunchEtcd, UnreachableEndpointIsAOneLineErrorNamingIt) {
+  TempDir dir;
+  const int dead = free_port();
+  const CommandResult r = run_command(fmt::format(
+      "timeout -s KILL 60 {} --nnodes 2 --node-rank 0 --rdzv-backend etcd --rdzv-endpoint 127.0.0.1:{} "
+      "--rdzv-id x --rdzv-timeout 3 --log-dir {} -- /bin/true 2>&1",
+      launcher(), dead, dir.file("logs")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const auto error = r.output.find("dtrain-launch: error:");
+  ASSERT_NE(error, std::string::npos) << r.output;
+  const std::string line = r.output.substr(error, r.output.find('\n', error) - error);
+  EXPECT_THAT(line, HasSubstr(fmt::format("127.0.0.1:{}: cannot connect", dead)));
+  EXPECT_THAT(line, HasSubstr("--rdzv-endpoint"));
+  EXPECT_THAT(r.output.substr(error), ::testing::EndsWith(line + "\n")) << "more than one line";
+}
+
+}  // namespace
+}  // namespace dtrain::testing
