@@ -24,6 +24,8 @@ packages=(
   # tests: a real Slurm cluster (tests/cluster), network namespaces, and PyTorch
   # for dtrain-launch's torchrun contract (tests/integration/test_launch_torchrun.cpp)
   slurm-wlm munge iproute2 python3-torch
+  # dtrain-launch --rdzv-backend etcd: the tests start a 3-member cluster of their own
+  etcd-server etcd-client
   # data the examples train on
   dataset-fashion-mnist fortunes
   # scripts/plot.sh
