@@ -379,6 +379,7 @@ std::int64_t EtcdStore::add(const std::string& key, std::int64_t delta) {
       one.set(key, current->bytes);
       value = one.add(key, 0);  // the same check (decimal text) and message as the other stores
     }
+    if (current && delta == 0) return value;  // a read (the agents poll counters so): no write, no new revision
     std::int64_t next = 0;
     if (__builtin_add_overflow(value, delta, &next)) {
       throw CommError(fmt::format("store key '{}': adding {} to {} overflows int64", key, delta, value));

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -121,6 +123,41 @@ TEST_F(EtcdStoreTest, SetKeysCarryTheLeaseAndGoWithItCountersStay) {
   EXPECT_EQ(comm::to_string(watcher.get("end", 1s)), "why");
   EXPECT_EQ(watcher.delete_prefix(""), 2);
   EXPECT_EQ(watcher.num_keys(), 0);
+}
+
+// A process that dies without a word (SIGKILL) leaves its set keys behind
+// only until its lease's TTL runs out; its counters stay.
+TEST_F(EtcdStoreTest, SetKeysOfAKilledProcessExpireWithItsLease) {
+  EtcdCluster& cluster = shared_cluster();
+  const std::string prefix = fmt::format("expiry-{}/", ::getpid());
+  comm::EtcdStore watcher(etcd_options(cluster.endpoints(), prefix));
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the "agent": sets its record, says so, and waits to be killed
+    try {
+      auto options = etcd_options(cluster.endpoints(), prefix);
+      options.lease_ttl = 2s;
+      comm::EtcdStore agent(options);
+      agent.set("node/0", comm::to_bytes("mine"));
+      agent.add("joined", 1);
+      (void)!::write(ready[1], "x", 1);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(1);
+    }
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child never set its keys";
+  ::close(ready[0]);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_TRUE(watcher.check("node/0"));  // the lease outlives the process for up to its TTL
+  EXPECT_TRUE(eventually([&] { return !watcher.check("node/0"); }, 15s)) << "the record never expired";
+  EXPECT_EQ(watcher.add("joined", 0), 1);
+  watcher.delete_prefix("");
 }
 
 // Two agents (node ranks 0 and 1) with --rdzv-backend etcd, each a worker.
