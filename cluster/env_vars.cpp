@@ -138,7 +138,12 @@ std::vector<HostPort> parse_etcd_endpoints(const std::string& list, const std::s
     if (!has_port && (bracketed || item.find(':') == std::string::npos)) {
       item += fmt::format(":{}", kEtcdDefaultPort);
     }
-    out.push_back(parse_host_port(item, what));
+    try {
+      out.push_back(parse_host_port(item, "entry"));
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}='{}' is not a list of etcd's client endpoints h1:2379,h2:2379,...: {}", what, list,
+                              e.what()));
+    }
     start = comma + 1;
   }
   return out;
