@@ -144,12 +144,15 @@ class EtcdStore::Http {
       std::this_thread::sleep_for(milliseconds(std::min(200, 20 << std::min(pass, 3))));
     }
     std::string said;
+    bool silent = false;  // connected, but no answer
     for (std::size_t e = 0; e < endpoints_.size(); ++e) {
       if (!errors[e].empty()) said += fmt::format("{}{}: {}", said.empty() ? "" : "; ", where(endpoints_[e]), errors[e]);
+      silent = silent || errors[e].rfind("no answer", 0) == 0 || errors[e].rfind("etcd said", 0) == 0;
     }
-    throw CommError(fmt::format("no etcd endpoint answered {} ({}); check that etcd runs there and that "
-                                "--rdzv-endpoint lists its client URLs",
-                                path, said));
+    throw CommError(fmt::format("no etcd endpoint answered {} ({}); {}", path, said,
+                                silent ? "a member that takes connections but does not answer has most likely lost "
+                                         "its quorum (most of the cluster's members are down): bring them back"
+                                       : "check that etcd runs there and that --rdzv-endpoint lists its client URLs"));
   }
 
  private:

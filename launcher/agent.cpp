@@ -265,6 +265,15 @@ AgentState Agent::running() {
       } catch (const CommError& e) {
         end = RoundEnd{RoundEnd::Kind::failure, fmt::format("lost the run's store: {}", e.what()), "", 0};
         failures_.push_back(*end);
+        store_lost_ = true;
+        if (options_.etcd) {
+          // The workers' SIGTERM makes them save a checkpoint: training resumes from it.
+          console_.say(fmt::format(
+              "job stopped: lost the run's store in etcd ({}); stopping the workers, which save a checkpoint; once "
+              "etcd answers again, start the job again with another --rdzv-id (or after `etcdctl del --prefix "
+              "dtrain/{}/`): it resumes from that checkpoint",
+              e.what(), options_.run_id));
+        }
         workers_->stop(ms(options_.stop_timeout_s));
         exit_code_ = kExitFailed;
         return finish(AgentState::failed);
@@ -335,6 +344,10 @@ AgentState Agent::stopping() {
 // The hosting agent keeps the store up until every agent saw the end (bounded).
 AgentState Agent::finish(AgentState final_state) {
   if (final_state == AgentState::succeeded) console_.say("all workers of every node finished");
+  if (store_lost_) {  // every call would only wait for its timeout
+    linger_metrics();
+    return final_state;
+  }
   try {
     collect_metrics();  // the workers' last snapshots, published as they ended
   } catch (const Error&) {

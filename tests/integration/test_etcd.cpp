@@ -241,6 +241,49 @@ TEST_F(LaunchEtcd, ElasticJobGoesOnAtOneNodeAfterTheFirstAgentIsKilled) {
   EXPECT_THAT(out, HasSubstr("[rank 0] done: 300 steps"));
 }
 
+// Two members of three killed: etcd has no quorum, the agents say so, stop
+// their workers (which save a checkpoint) and exit 1; once the members are
+// back, the job started again resumes from that checkpoint.
+TEST_F(LaunchEtcd, LosingQuorumStopsTheJobWithACheckpointAndItResumesOnceEtcdIsBack) {
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  const auto command = worker_command(config, dir / "run", {"train.steps=100000", "checkpoint.every_steps=1000"});
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    auto args = etcd_node_args("2", node, cluster_.endpoints(), "etcd-quorum", dir);
+    args.insert(args.end(), {"--stop-timeout", "30"});
+    agents.push_back(start_launch(args, command, dir.file(fmt::format("agent{}.log", node))));
+  }
+  const std::string log0 = dir.file("agent0.log");
+  ASSERT_FALSE(wait_for_text(log0, "step +50/100000", 60s).empty()) << read_file(log0);
+  cluster_.kill(0);
+  cluster_.kill(1);
+  ASSERT_TRUE(wait_all(agents, 90s)) << read_file(log0);
+  for (int node = 0; node < 2; ++node) {
+    const std::string out = agents[static_cast<std::size_t>(node)].log();
+    EXPECT_EQ(agents[static_cast<std::size_t>(node)].exit_code(), 1) << out;
+    EXPECT_THAT(out, HasSubstr("job stopped: lost the run's store in etcd")) << out;
+    EXPECT_THAT(out, HasSubstr("lost its quorum")) << out;
+  }
+  const auto saved = wait_for_text(log0, "stopping after step ([0-9]+) on signal 15: checkpoint saved", 1s);
+  ASSERT_EQ(saved.size(), 2u) << read_file(log0);
+  // etcd is back: the job, started again under another run id, resumes from the checkpoint.
+  cluster_.restart(0);
+  cluster_.restart(1);
+  const int resume_steps = std::stoi(saved[1]) + 10;
+  const auto again = worker_command(config, dir / "run", {fmt::format("train.steps={}", resume_steps)});
+  std::vector<Spawned> resumed;
+  for (int node = 0; node < 2; ++node) {
+    resumed.push_back(start_launch(etcd_node_args("2", node, cluster_.endpoints(), "etcd-quorum-2", dir), again,
+                                   dir.file(fmt::format("again{}.log", node))));
+  }
+  ASSERT_TRUE(wait_all(resumed, 90s)) << read_file(dir / "again0.log");
+  for (auto& a : resumed) EXPECT_EQ(a.exit_code(), 0) << a.log();
+  EXPECT_THAT(resumed[0].log(), HasSubstr(fmt::format("resumed from {}", (dir / "run" / "checkpoints").string())));
+  EXPECT_THAT(resumed[0].log(), HasSubstr(fmt::format("(step {}, saved by 2 rank(s)", saved[1])));
+  EXPECT_THAT(resumed[0].log(), HasSubstr(fmt::format("[rank 0] done: {} steps", resume_steps)));
+}
+
 TEST_F(LaunchEtcd, UnreachableEndpointIsAOneLineErrorNamingIt) {
   TempDir dir;
   const int dead = free_port();

@@ -63,13 +63,13 @@ class EtcdCluster {
       const Member& m = members_[i];
       const std::string client = fmt::format("http://127.0.0.1:{}", m.client_port);
       const std::string peer = fmt::format("http://127.0.0.1:{}", m.peer_port);
-      members_[i].process = spawn_process(
+      commands_.push_back(
           {etcd_binary(), "--name", fmt::format("e{}", i), "--data-dir", dir_.file(fmt::format("data{}", i)),
            "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
            "--initial-advertise-peer-urls", peer, "--initial-cluster", initial, "--initial-cluster-state", "new",
            "--initial-cluster-token", fmt::format("dtrain-test-{}", ::getpid()), "--heartbeat-interval", "50",
-           "--election-timeout", "500", "--log-level", "warn"},
-          {}, dir_.file(fmt::format("etcd{}.log", i)));
+           "--election-timeout", "500", "--log-level", "warn"});
+      members_[i].process = spawn_process(commands_.back(), {}, dir_.file(fmt::format("etcd{}.log", i)));
     }
     const auto until = std::chrono::steady_clock::now() + timeout;
     for (std::size_t i = 0; i < members_.size(); ++i) {
@@ -90,6 +90,12 @@ class EtcdCluster {
         "ETCDCTL_API=3 timeout -s KILL 5 etcdctl --command-timeout 3s --endpoints 127.0.0.1:{} endpoint health 2>&1",
         members_[static_cast<std::size_t>(i)].client_port));
     return r.output.find("is healthy") != std::string::npos;
+  }
+
+  // Starts member i again (after kill): it rejoins from its data folder.
+  void restart(int i) {
+    const auto n = static_cast<std::size_t>(i);
+    members_[n].process = spawn_process(commands_[n], {}, dir_.file(fmt::format("etcd{}.again.log", i)));
   }
 
   // SIGKILLs member i and reaps it.
@@ -117,6 +123,7 @@ class EtcdCluster {
   };
   TempDir dir_;
   std::vector<Member> members_;
+  std::vector<std::vector<std::string>> commands_;  // each member's command line
 };
 
 }  // namespace dtrain::testing
