@@ -146,8 +146,9 @@ class EtcdStore::Http {
     std::string said;
     bool silent = false;  // connected, but no answer
     for (std::size_t e = 0; e < endpoints_.size(); ++e) {
-      if (!errors[e].empty()) said += fmt::format("{}{}: {}", said.empty() ? "" : "; ", where(endpoints_[e]), errors[e]);
-      silent = silent || errors[e].rfind("no answer", 0) == 0 || errors[e].rfind("etcd said", 0) == 0;
+      if (errors[e].empty()) continue;
+      said += fmt::format("{}{}: {}", said.empty() ? "" : "; ", where(endpoints_[e]), errors[e]);
+      silent = silent || errors[e].rfind("no answer: nothing within", 0) == 0 || errors[e].rfind("etcd said", 0) == 0;
     }
     throw CommError(fmt::format("no etcd endpoint answered {} ({}); {}", path, said,
                                 silent ? "a member that takes connections but does not answer has most likely lost "
@@ -161,7 +162,7 @@ class EtcdStore::Http {
                               Clock::time_point deadline, std::string& error) {
     if (stream_ && connected_to_ != e) close();
     const auto fail = [&](const std::string& what, const boost::system::error_code& ec) {
-      error = ec == beast::error::timeout ? fmt::format("{}: no answer within {} ms", what, attempt_timeout_.count())
+      error = ec == beast::error::timeout ? fmt::format("{}: nothing within {} ms", what, attempt_timeout_.count())
                                           : fmt::format("{}: {}", what, ec.message());
       close();
       return std::nullopt;
@@ -191,7 +192,7 @@ class EtcdStore::Http {
     buffer_.clear();
     stream_->expires_at(deadline);
     ec = run([&](auto done) { http::async_read(*stream_, buffer_, parser, [done](auto ec, auto) { done(ec); }); });
-    if (ec) return fail("no answer", ec);
+    if (ec) return fail("no answer", ec);  // "no answer: nothing within N ms" when it took the request and sat on it
     const auto& response = parser.get();
     if (!response.keep_alive()) close();
     json answer = json::parse(response.body(), nullptr, false);
@@ -255,6 +256,25 @@ std::optional<std::pair<Bytes, std::int64_t>> first_kv(const json& range) {
   return std::pair{to_bytes(unbase64(kv.value("value", std::string()))), int64_of(kv, "mod_revision")};
 }
 
+// A transaction: put `value` at `key` if `compare` holds, else read the key.
+json put_if(const std::string& key, const json& compare, const std::string& value) {
+  return json{{"compare", json::array({compare})},
+              {"success", json::array({json{{"request_put", {{"key", base64(key)}, {"value", base64(value)}}}}})},
+              {"failure", json::array({json{{"request_range", {{"key", base64(key)}}}}})}};
+}
+
+// The key's value and mod revision that a failed put_if read, if it exists.
+std::optional<std::pair<Bytes, std::int64_t>> read_after_failure(const json& answer) {
+  const json responses = answer.value("responses", json::array());
+  if (responses.empty()) return std::nullopt;
+  return first_kv(responses.front().value("response_range", json::object()));
+}
+
+// The comparison "key does not exist" (it was never created since its last delete).
+json absent(const std::string& key) {
+  return json{{"key", base64(key)}, {"result", "EQUAL"}, {"target", "CREATE"}, {"create_revision", "0"}};
+}
+
 }  // namespace
 
 EtcdStore::EtcdStore(Options options) : options_(std::move(options)) {
@@ -267,8 +287,8 @@ EtcdStore::EtcdStore(Options options) : options_(std::move(options)) {
     http_->post("/v3/kv/range", json{{"key", base64(options_.prefix)}, {"count_only", true}}.dump(), deadline);
     if (options_.lease_ttl.count() > 0) grant_lease(*http_, deadline);
   } catch (const CommError& e) {
-    throw CommError(fmt::format("cannot reach the etcd cluster at {} within {} ms: {}", endpoint_list(options_.endpoints),
-                                options_.connect_timeout.count(), e.what()));
+    throw CommError(fmt::format("cannot reach the etcd cluster at {} within {} ms: {}",
+                                endpoint_list(options_.endpoints), options_.connect_timeout.count(), e.what()));
   } catch (const EtcdRefusal& r) {
     throw CommError(fmt::format("the etcd cluster at {} refused this client: {}", endpoint_list(options_.endpoints),
                                 r.message));
@@ -390,21 +410,11 @@ std::int64_t EtcdStore::add(const std::string& key, std::int64_t delta) {
     // Stored only if nobody wrote the key since we read it (or it is still absent).
     const json compare = current ? json{{"key", base64(full)}, {"result", "EQUAL"}, {"target", "MOD"},
                                         {"mod_revision", std::to_string(current->mod_revision)}}
-                                 : json{{"key", base64(full)}, {"result", "EQUAL"}, {"target", "CREATE"},
-                                        {"create_revision", "0"}};
-    const json body{{"compare", json::array({compare})},
-                    {"success", json::array({json{{"request_put", {{"key", base64(full)},
-                                                                   {"value", base64(std::to_string(next))}}}}})},
-                    {"failure", json::array({json{{"request_range", {{"key", base64(full)}}}}})}};
-    const json answer = post("/v3/kv/txn", body.dump());
+                                 : absent(full);
+    const json answer = post("/v3/kv/txn", put_if(full, compare, std::to_string(next)).dump());
     if (answer.value("succeeded", false)) return next;
     current.reset();
-    const json& responses = answer["responses"];
-    if (!responses.empty()) {
-      if (auto kv = first_kv(responses.front().value("response_range", json::object()))) {
-        current = Value{std::move(kv->first), kv->second};
-      }
-    }
+    if (auto kv = read_after_failure(answer)) current = Value{std::move(kv->first), kv->second};
     // Another client won the race: back off a little, at random, so that many do not collide again.
     if (attempt >= 2) std::this_thread::sleep_for(std::chrono::microseconds(jitter() % (200 * std::min(attempt, 20))));
   }
@@ -412,31 +422,19 @@ std::int64_t EtcdStore::add(const std::string& key, std::int64_t delta) {
 
 Bytes EtcdStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
   const std::string full = options_.prefix + key;
-  json value_matches{{"key", base64(full)}, {"result", "EQUAL"}, {"target", "VALUE"}, {"value", b64(expected)}};
+  const json value_matches{{"key", base64(full)}, {"result", "EQUAL"}, {"target", "VALUE"}, {"value", b64(expected)}};
   for (;;) {
-    const json body{{"compare", json::array({value_matches})},
-                    {"success", json::array({json{{"request_put", {{"key", base64(full)}, {"value", b64(desired)}}}}})},
-                    {"failure", json::array({json{{"request_range", {{"key", base64(full)}}}}})}};
-    const json answer = post("/v3/kv/txn", body.dump());
+    // etcd's value comparison fails on an absent key, which matches only an empty `expected`.
+    const json answer = post("/v3/kv/txn", put_if(full, value_matches, to_string(desired)).dump());
     if (answer.value("succeeded", false)) return desired;
-    std::optional<std::pair<Bytes, std::int64_t>> kv;
-    const json& responses = answer["responses"];
-    if (!responses.empty()) kv = first_kv(responses.front().value("response_range", json::object()));
+    const auto kv = read_after_failure(answer);
     if (kv || !expected.empty()) return kv ? kv->first : Bytes{};
-    // Absent matches an empty `expected`: create it unless someone just did.
-    const json create{{"key", base64(full)}, {"result", "EQUAL"}, {"target", "CREATE"}, {"create_revision", "0"}};
-    const json again{{"compare", json::array({create})},
-                     {"success", json::array({json{{"request_put", {{"key", base64(full)}, {"value", b64(desired)}}}}})},
-                     {"failure", json::array({json{{"request_range", {{"key", base64(full)}}}}})}};
-    const json created = post("/v3/kv/txn", again.dump());
+    // Absent and `expected` empty: create it unless someone just did.
+    const json created = post("/v3/kv/txn", put_if(full, absent(full), to_string(desired)).dump());
     if (created.value("succeeded", false)) return desired;
-    const json& r = created["responses"];
-    if (!r.empty()) {
-      if (auto now = first_kv(r.front().value("response_range", json::object()))) {
-        if (now->first != expected) return now->first;
-        continue;  // it holds the empty value now: compare again
-      }
-    }
+    const auto now = read_after_failure(created);
+    if (now && now->first != expected) return now->first;
+    // It was created with the empty value meanwhile (or deleted again): compare anew.
   }
 }
 

@@ -1,10 +1,12 @@
 // etcd as the control plane: the Store contract against EtcdStore on a
 // 3-member etcd cluster of the test's own (loopback); failover when a member
-// dies; the lease of set keys; and dtrain-launch --rdzv-backend etcd: two
-// agents train to the end while an etcd member is killed, an elastic job goes
-// on at one node after the agent that started first is killed with SIGKILL,
-// and an unreachable endpoint is a one-line error naming it. Skips, saying
-// why, where the etcd binary is absent (scripts/setup.sh installs it).
+// dies; the lease of set keys (revoked, and expired after a SIGKILL); and
+// dtrain-launch --rdzv-backend etcd: two agents train as by hand while an
+// etcd member is killed, an elastic job goes on at one node after the agent
+// that started first is killed with SIGKILL, a job that loses etcd's quorum
+// stops with a checkpoint and resumes once etcd is back, and an unreachable
+// endpoint or an etcd without quorum at start is a one-line error. Skips,
+// saying why, where the etcd binary is absent (scripts/setup.sh installs it).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -297,6 +299,25 @@ TEST_F(LaunchEtcd, UnreachableEndpointIsAOneLineErrorNamingIt) {
   const std::string line = r.output.substr(error, r.output.find('\n', error) - error);
   EXPECT_THAT(line, HasSubstr(fmt::format("127.0.0.1:{}: cannot connect", dead)));
   EXPECT_THAT(line, HasSubstr("--rdzv-endpoint"));
+  EXPECT_THAT(r.output.substr(error), ::testing::EndsWith(line + "\n")) << "more than one line";
+}
+
+// etcd without a quorum at start (two members of three down): the agent
+// gives up within its --rdzv-timeout, saying so in one line.
+TEST_F(LaunchEtcd, NoQuorumAtStartIsAOneLineErrorSayingSo) {
+  TempDir dir;
+  cluster_.kill(0);
+  cluster_.kill(1);
+  const CommandResult r = run_command(fmt::format(
+      "timeout -s KILL 60 {} --nnodes 2 --node-rank 0 --rdzv-backend etcd --rdzv-endpoint {} --rdzv-id x "
+      "--rdzv-timeout 8 --log-dir {} -- /bin/true 2>&1",
+      launcher(), cluster_.endpoints(), dir.file("logs")));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const auto error = r.output.find("dtrain-launch: error:");
+  ASSERT_NE(error, std::string::npos) << r.output;
+  const std::string line = r.output.substr(error, r.output.find('\n', error) - error);
+  EXPECT_THAT(line, HasSubstr(fmt::format("127.0.0.1:{}: no answer: nothing within", cluster_.client_port(2))));
+  EXPECT_THAT(line, HasSubstr("lost its quorum"));
   EXPECT_THAT(r.output.substr(error), ::testing::EndsWith(line + "\n")) << "more than one line";
 }
 
