@@ -19,6 +19,7 @@
 #include "comm/etcd_store.h"
 #include "core/error.h"
 #include "integration/launch_testing.h"
+#include "integration/netns_testing.h"
 #include "support/etcd_cluster.h"
 #include "support/store_contract.h"
 
@@ -211,6 +212,37 @@ TEST_F(LaunchEtcd, TwoNodesTrainToTheEndAsByHandWhileAnEtcdMemberIsKilled) {
       cluster_.endpoints()));
   EXPECT_EQ(left.exit_code, 0) << left.output;
   EXPECT_THAT(left.output, Not(HasSubstr("dtrain/etcd-two/"))) << left.output;
+}
+
+// Two "hosts" (network namespaces A and B), etcd's members spread over
+// them: the agents reach etcd and each other at 198.51.100.x, the workers
+// listen on their host's own address (its name resolves to it there).
+TEST(LaunchEtcdNamespaces, TwoAgentsInTwoNetworkNamespacesTrainThroughEtcd) {
+  if (etcd_binary().empty()) GTEST_SKIP() << kNoEtcd;
+  Namespaces ns;
+  const std::string why = ns.make();
+  ASSERT_TRUE(why.empty()) << "cannot make two network namespaces (needs root and iproute2, which "
+                              "scripts/setup.sh installs): " << why;
+  EtcdCluster cluster({{"198.51.100.1", in_namespace(ns.a())}, {"198.51.100.2", in_namespace(ns.b())},
+                       {"198.51.100.1", in_namespace(ns.a())}});
+  ASSERT_EQ(cluster.start(), "");
+  TempDir dir;
+  const auto config = dir.write("lm.json", kLaunchLm);
+  std::vector<Spawned> agents;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> argv = in_namespace(node == 0 ? ns.a() : ns.b());
+    argv.push_back(launcher());
+    const auto args = etcd_node_args("2", node, cluster.endpoints(), "etcd-netns", dir);
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--");
+    const auto command = worker_command(config, dir / "run");
+    argv.insert(argv.end(), command.begin(), command.end());
+    agents.push_back(spawn_process(argv, {}, dir.file(fmt::format("agent{}.log", node))));
+  }
+  ASSERT_TRUE(wait_all(agents, 120s)) << read_file(dir / "agent0.log") << read_file(dir / "agent1.log");
+  for (auto& a : agents) ASSERT_EQ(a.exit_code(), 0) << a.log();
+  EXPECT_THAT(agents[0].log(), HasSubstr("[rank 0] done: 20 steps"));
+  EXPECT_THAT(agents[1].log(), HasSubstr("round 0: node 1 of 2, ranks 1-1 of 2"));
 }
 
 // With the built-in store, the agent that started first hosts it and the job

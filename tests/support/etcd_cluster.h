@@ -1,5 +1,5 @@
-// A 3-member etcd cluster of the test's own on loopback (ports chosen free,
-// data in a temporary folder), for the tests of the etcd store and of
+// A 3-member etcd cluster of the test's own on loopback, or inside network
+// namespaces the test made (ports chosen free, data in a temporary folder), for the tests of the etcd store and of
 // dtrain-launch's etcd rendezvous. start() waits for every member's health
 // (etcdctl endpoint health) within a timeout; members can be killed one by
 // one; the destructor stops whatever still runs. Needs the etcd binary (Debian's etcd-server, which
@@ -34,10 +34,18 @@ inline std::string etcd_binary() {
 inline constexpr char kNoEtcd[] =
     "no etcd binary (/usr/bin/etcd): install Debian's etcd-server (scripts/setup.sh does)";
 
+// Where a member runs: its address, and what its command line starts with
+// (e.g. `ip netns exec NS` for a member inside a network namespace).
+struct EtcdPlace {
+  std::string host = "127.0.0.1";
+  std::vector<std::string> prefix;
+};
+
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int members = 3) {
-    for (int i = 0; i < members; ++i) members_.push_back({free_port(), free_port(), {}});
+  explicit EtcdCluster(int members = 3) : EtcdCluster(std::vector<EtcdPlace>(static_cast<std::size_t>(members))) {}
+  explicit EtcdCluster(const std::vector<EtcdPlace>& places) {
+    for (const auto& place : places) members_.push_back({place, free_port(), free_port(), {}});
   }
   ~EtcdCluster() {
     for (auto& m : members_) {
@@ -57,18 +65,20 @@ class EtcdCluster {
   std::string start(std::chrono::seconds timeout = std::chrono::seconds(30)) {
     std::string initial;
     for (std::size_t i = 0; i < members_.size(); ++i) {
-      initial += fmt::format("{}e{}=http://127.0.0.1:{}", i ? "," : "", i, members_[i].peer_port);
+      initial += fmt::format("{}e{}=http://{}:{}", i ? "," : "", i, members_[i].place.host, members_[i].peer_port);
     }
     for (std::size_t i = 0; i < members_.size(); ++i) {
       const Member& m = members_[i];
-      const std::string client = fmt::format("http://127.0.0.1:{}", m.client_port);
-      const std::string peer = fmt::format("http://127.0.0.1:{}", m.peer_port);
-      commands_.push_back(
-          {etcd_binary(), "--name", fmt::format("e{}", i), "--data-dir", dir_.file(fmt::format("data{}", i)),
-           "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
-           "--initial-advertise-peer-urls", peer, "--initial-cluster", initial, "--initial-cluster-state", "new",
-           "--initial-cluster-token", fmt::format("dtrain-test-{}", ::getpid()), "--heartbeat-interval", "50",
-           "--election-timeout", "500", "--log-level", "warn"});
+      const std::string client = fmt::format("http://{}:{}", m.place.host, m.client_port);
+      const std::string peer = fmt::format("http://{}:{}", m.place.host, m.peer_port);
+      const std::vector<std::string> etcd = {
+          etcd_binary(), "--name", fmt::format("e{}", i), "--data-dir", dir_.file(fmt::format("data{}", i)),
+          "--listen-client-urls", client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+          "--initial-advertise-peer-urls", peer, "--initial-cluster", initial, "--initial-cluster-state", "new",
+          "--initial-cluster-token", fmt::format("dtrain-test-{}", ::getpid()), "--heartbeat-interval", "50",
+          "--election-timeout", "500", "--log-level", "warn"};
+      commands_.push_back(m.place.prefix);
+      commands_.back().insert(commands_.back().end(), etcd.begin(), etcd.end());
       members_[i].process = spawn_process(commands_.back(), {}, dir_.file(fmt::format("etcd{}.log", i)));
     }
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -86,9 +96,12 @@ class EtcdCluster {
 
   // Whether member i says it is healthy (etcdctl endpoint health, within 3 s).
   bool healthy(int i) const {
+    const Member& m = members_[static_cast<std::size_t>(i)];
+    std::string prefix;
+    for (const auto& word : m.place.prefix) prefix += word + " ";
     const CommandResult r = run_command(fmt::format(
-        "ETCDCTL_API=3 timeout -s KILL 5 etcdctl --command-timeout 3s --endpoints 127.0.0.1:{} endpoint health 2>&1",
-        members_[static_cast<std::size_t>(i)].client_port));
+        "ETCDCTL_API=3 timeout -s KILL 5 {}etcdctl --command-timeout 3s --endpoints {}:{} endpoint health 2>&1",
+        prefix, m.place.host, m.client_port));
     return r.output.find("is healthy") != std::string::npos;
   }
 
@@ -107,16 +120,17 @@ class EtcdCluster {
     p = one.front();
   }
 
-  // "127.0.0.1:P0,127.0.0.1:P1,127.0.0.1:P2": the client endpoints, as --rdzv-endpoint takes them.
+  // "HOST0:P0,HOST1:P1,HOST2:P2": the client endpoints, as --rdzv-endpoint takes them.
   std::string endpoints() const {
     std::string out;
-    for (const auto& m : members_) out += fmt::format("{}127.0.0.1:{}", out.empty() ? "" : ",", m.client_port);
+    for (const auto& m : members_) out += fmt::format("{}{}:{}", out.empty() ? "" : ",", m.place.host, m.client_port);
     return out;
   }
   int client_port(int i) const { return members_[static_cast<std::size_t>(i)].client_port; }
 
  private:
   struct Member {
+    EtcdPlace place;
     int client_port;
     int peer_port;
     Spawned process;
