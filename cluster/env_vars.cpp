@@ -149,15 +149,16 @@ std::vector<HostPort> parse_etcd_endpoints(const std::string& list, const std::s
   return out;
 }
 
-std::string etcd_address(const std::vector<HostPort>& endpoints) {
-  std::string out = kEtcdScheme;
-  for (std::size_t i = 0; i < endpoints.size(); ++i) {
-    const HostPort& e = endpoints[i];
-    if (i > 0) out += ",";
+std::string host_port_list(const std::vector<HostPort>& endpoints) {
+  std::string out;
+  for (const HostPort& e : endpoints) {
+    if (!out.empty()) out += ",";
     out += e.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", e.host, e.port)
                                                  : fmt::format("{}:{}", e.host, e.port);
   }
   return out;
 }
+
+std::string etcd_address(const std::vector<HostPort>& endpoints) { return kEtcdScheme + host_port_list(endpoints); }
 
 }  // namespace dtrain::cluster

@@ -36,6 +36,8 @@ inline constexpr char kEtcdScheme[] = "etcd://";
 inline constexpr int kEtcdDefaultPort = 2379;
 bool is_etcd_address(const std::string& address);
 std::vector<HostPort> parse_etcd_endpoints(const std::string& list, const std::string& what);
+// "h1:2379,[::1]:2379": the endpoints as a list (IPv6 hosts in brackets).
+std::string host_port_list(const std::vector<HostPort>& endpoints);
 // "etcd://h1:2379,h2:2379": the store address of those endpoints.
 std::string etcd_address(const std::vector<HostPort>& endpoints);
 

@@ -99,12 +99,6 @@ std::string where(const cluster::HostPort& e) {
                                                : fmt::format("{}:{}", e.host, e.port);
 }
 
-std::string endpoint_list(const std::vector<cluster::HostPort>& endpoints) {
-  std::string out;
-  for (const auto& e : endpoints) out += (out.empty() ? "" : ",") + where(e);
-  return out;
-}
-
 // gRPC codes after which another member may do better: unavailable (no
 // leader, a member shutting down), deadline exceeded, aborted.
 bool try_elsewhere(int code) { return code == 14 || code == 4 || code == 10; }
@@ -282,16 +276,16 @@ EtcdStore::EtcdStore(Options options) : options_(std::move(options)) {
   if (!options_.log) options_.log = [](const std::string& line) { fmt::print(stderr, "etcd store: {}\n", line); };
   http_ = std::make_unique<Http>(options_.endpoints, options_.attempt_timeout);
   const auto deadline = Clock::now() + options_.connect_timeout;
+  const std::string list = cluster::host_port_list(options_.endpoints);
   try {
     // Any cheap read proves an endpoint answers and has a leader.
     http_->post("/v3/kv/range", json{{"key", base64(options_.prefix)}, {"count_only", true}}.dump(), deadline);
     if (options_.lease_ttl.count() > 0) grant_lease(*http_, deadline);
   } catch (const CommError& e) {
-    throw CommError(fmt::format("cannot reach the etcd cluster at {} within {} ms: {}",
-                                endpoint_list(options_.endpoints), options_.connect_timeout.count(), e.what()));
+    throw CommError(fmt::format("cannot reach the etcd cluster at {} within {} ms: {}", list,
+                                options_.connect_timeout.count(), e.what()));
   } catch (const EtcdRefusal& r) {
-    throw CommError(fmt::format("the etcd cluster at {} refused this client: {}", endpoint_list(options_.endpoints),
-                                r.message));
+    throw CommError(fmt::format("the etcd cluster at {} refused this client: {}", list, r.message));
   }
   if (options_.lease_ttl.count() > 0) lease_thread_ = std::thread([this] { keep_alive(); });
 }
@@ -314,7 +308,7 @@ EtcdStore::~EtcdStore() {
   }
 }
 
-std::string EtcdStore::describe() const { return "etcd endpoints " + endpoint_list(options_.endpoints); }
+std::string EtcdStore::describe() const { return "etcd endpoints " + cluster::host_port_list(options_.endpoints); }
 
 void EtcdStore::grant_lease(Http& http, Clock::time_point deadline) {
   const json answer = http.post("/v3/lease/grant", json{{"TTL", options_.lease_ttl.count()}}.dump(), deadline);

@@ -165,7 +165,7 @@ AgentState Agent::rendezvous() {
   console_.say(fmt::format("waiting for {} node(s) at {} (run {})",
                            options_.elastic() ? fmt::format("{}-{}", options_.min_nodes, options_.max_nodes)
                                               : std::to_string(options_.min_nodes),
-                           options_.etcd ? "etcd " + cluster::etcd_address(options_.etcd_endpoints).substr(7)
+                           options_.etcd ? "etcd " + cluster::host_port_list(options_.etcd_endpoints)
                                          : fmt::format("{}:{}", options_.endpoint_host, options_.endpoint_port),
                            options_.run_id));
   try {
