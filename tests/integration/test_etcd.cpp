@@ -183,7 +183,7 @@ class LaunchEtcd : public ::testing::Test {
 TEST_F(LaunchEtcd, TwoNodesTrainToTheEndAsByHandWhileAnEtcdMemberIsKilled) {
   TempDir dir;
   const auto config = dir.write("lm.json", kLaunchLm);
-  const std::vector<std::string> sets = {"train.steps=1000"};  // long enough to be running at the kill
+  const std::vector<std::string> sets = {"train.steps=600"};  // long enough to be running at the kill
   ASSERT_TRUE(run_by_hand(dir, 2, worker_command(config, dir / "hand", sets))) << read_file(dir / "hand0.log");
   std::vector<Spawned> agents;
   for (int node = 0; node < 2; ++node) {
@@ -193,7 +193,7 @@ TEST_F(LaunchEtcd, TwoNodesTrainToTheEndAsByHandWhileAnEtcdMemberIsKilled) {
                                   dir.file(fmt::format("agent{}.log", node))));
   }
   const std::string log0 = dir.file("agent0.log");
-  ASSERT_FALSE(wait_for_text(log0, "step +50/1000", 60s).empty()) << read_file(log0);
+  ASSERT_FALSE(wait_for_text(log0, "step +50/600", 60s).empty()) << read_file(log0);
   cluster_.kill(0);  // the first endpoint of both agents and of every worker
   ASSERT_THAT(read_file(log0), Not(HasSubstr("all workers of every node finished")))
       << "the job ended before the etcd member was killed: this test needs a longer one";
