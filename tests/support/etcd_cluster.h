@@ -1,10 +1,11 @@
-// A 3-member etcd cluster of the test's own on loopback, or inside network
-// namespaces the test made (ports chosen free, data in a temporary folder), for the tests of the etcd store and of
-// dtrain-launch's etcd rendezvous. start() waits for every member's health
-// (etcdctl endpoint health) within a timeout; members can be killed one by
-// one; the destructor stops whatever still runs. Needs the etcd binary (Debian's etcd-server, which
-// scripts/setup.sh installs): etcd_binary() is empty without it, and tests
-// skip saying so.
+// A 3-member etcd cluster of the test's own, on loopback or inside network
+// namespaces the test made (ports chosen free, data in a temporary folder),
+// for the tests of the etcd store and of dtrain-launch's etcd rendezvous.
+// start() waits for every member's health (etcdctl endpoint health) within a
+// timeout; members can be killed and started again one by one; the
+// destructor stops whatever still runs. Needs the etcd binary (Debian's
+// etcd-server, which scripts/setup.sh installs): etcd_binary() is empty
+// without it, and tests skip saying so.
 #pragma once
 
 #include <signal.h>
