@@ -1,7 +1,9 @@
 #include "cluster/env_vars.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -114,5 +116,49 @@ HostPort parse_host_port(const std::string& address, const std::string& variable
   }
   return result;
 }
+
+bool is_etcd_address(const std::string& address) { return address.rfind(kEtcdScheme, 0) == 0; }
+
+std::vector<HostPort> parse_etcd_endpoints(const std::string& list, const std::string& what) {
+  const std::string text = is_etcd_address(list) ? list.substr(std::strlen(kEtcdScheme)) : list;
+  std::vector<HostPort> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::string item = text.substr(start, comma - start);
+    if (item.rfind("http://", 0) == 0) item = item.substr(7);
+    if (item.empty()) {
+      throw Error(fmt::format("{}='{}' has an empty entry; write etcd's client endpoints as "
+                              "'h1:2379,h2:2379,h3:2379'", what, list));
+    }
+    // Without a port (no ':' after the host, or after an IPv6 literal's ']'), etcd's own 2379.
+    const bool bracketed = item.front() == '[';
+    const bool has_port = bracketed ? item.find("]:") != std::string::npos
+                                    : std::count(item.begin(), item.end(), ':') == 1;
+    if (!has_port && (bracketed || item.find(':') == std::string::npos)) {
+      item += fmt::format(":{}", kEtcdDefaultPort);
+    }
+    try {
+      out.push_back(parse_host_port(item, "entry"));
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}='{}' is not a list of etcd's client endpoints h1:2379,h2:2379,...: {}", what, list,
+                              e.what()));
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string host_port_list(const std::vector<HostPort>& endpoints) {
+  std::string out;
+  for (const HostPort& e : endpoints) {
+    if (!out.empty()) out += ",";
+    out += e.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", e.host, e.port)
+                                                 : fmt::format("{}:{}", e.host, e.port);
+  }
+  return out;
+}
+
+std::string etcd_address(const std::vector<HostPort>& endpoints) { return kEtcdScheme + host_port_list(endpoints); }
 
 }  // namespace dtrain::cluster

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace dtrain::cluster {
 
@@ -26,6 +27,19 @@ struct HostPort {
 // Throws dtrain::Error naming `variable` (e.g. "DTRAIN_STORE") and the value
 // when `address` is not host:port.
 HostPort parse_host_port(const std::string& address, const std::string& variable);
+
+// etcd's client endpoints: "h1:2379,h2:2379,h3" (a host without a port is on
+// etcd's 2379), optionally after "etcd://", as the run's store address
+// carries them to workers (DTRAIN_STORE=etcd://h1:2379,h2:2379). Throws
+// dtrain::Error naming `what` and the entry that is not host[:port].
+inline constexpr char kEtcdScheme[] = "etcd://";
+inline constexpr int kEtcdDefaultPort = 2379;
+bool is_etcd_address(const std::string& address);
+std::vector<HostPort> parse_etcd_endpoints(const std::string& list, const std::string& what);
+// "h1:2379,[::1]:2379": the endpoints as a list (IPv6 hosts in brackets).
+std::string host_port_list(const std::vector<HostPort>& endpoints);
+// "etcd://h1:2379,h2:2379": the store address of those endpoints.
+std::string etcd_address(const std::vector<HostPort>& endpoints);
 
 // The value of `name`, or nullptr when it is unset or empty.
 const std::string* lookup(const EnvMap& vars, const std::string& name);

@@ -85,7 +85,11 @@ void validate(const Environment& env, const Sources& src) {
 // users may export under any other starter.
 void read_run_vars(const EnvMap& vars, Environment& env) {
   if (const std::string* store = lookup(vars, "DTRAIN_STORE")) {
-    parse_host_port(*store, "DTRAIN_STORE");
+    if (is_etcd_address(*store)) {
+      parse_etcd_endpoints(*store, "DTRAIN_STORE");  // etcd's endpoints (dtrain-launch --rdzv-backend etcd)
+    } else {
+      parse_host_port(*store, "DTRAIN_STORE");
+    }
     env.store = *store;
   }
   env.token = value_or(vars, "DTRAIN_TOKEN", "");

@@ -9,6 +9,7 @@
 #include "cluster/devices.h"
 #include "cluster/node_address.h"
 #include "cluster/slurm_store.h"
+#include "comm/etcd_store.h"
 #include "comm/gloo/backend.h"
 #include "comm/memory_store.h"
 #include "comm/mpi/backend.h"
@@ -35,9 +36,14 @@ std::string store_host(const cluster::Environment& env, const cluster::HostPort&
 }
 
 // The address this rank's gloo pairs listen on: loopback for a job whose
-// store is on loopback (one machine), this host's name otherwise.
+// store is on loopback (one machine; with etcd, its first endpoint), this
+// host's name otherwise.
 std::string gloo_hostname(const cluster::Environment& env) {
-  if (!env.store || is_loopback(store_host(env, cluster::parse_host_port(*env.store, "DTRAIN_STORE")))) {
+  const auto store_endpoint = [&] {
+    return cluster::is_etcd_address(*env.store) ? cluster::parse_etcd_endpoints(*env.store, "DTRAIN_STORE").front().host
+                                                : store_host(env, cluster::parse_host_port(*env.store, "DTRAIN_STORE"));
+  };
+  if (!env.store || is_loopback(store_endpoint())) {
     return "127.0.0.1";
   }
   char name[256] = {};
@@ -139,6 +145,13 @@ OpenedStore open_store(const cluster::Environment& env, Duration timeout,
     if (env.world_size == 1) opened.store = std::make_shared<MemoryStore>();
     return opened;  // mpi needs none; gloo and nccl will say what to set
   }
+  const std::string scope = fmt::format("{}/round{}", env.run_id.empty() ? "run" : env.run_id, env.restart);
+  if (cluster::is_etcd_address(*env.store)) {
+    // The job's store is an etcd cluster: every process reaches it itself, nobody hosts one.
+    opened.store = std::make_shared<PrefixStore>(
+        scope, etcd_store_client(*env.store, timeout, std::min<Duration>(timeout, std::chrono::seconds(30))));
+    return opened;
+  }
   const cluster::HostPort endpoint = cluster::parse_host_port(*env.store, "DTRAIN_STORE");
   // Rank 0 hosts the store unless someone (dtrain-launch) already does; under
   // srun nobody else can, so a taken port is an error there.
@@ -168,8 +181,7 @@ OpenedStore open_store(const cluster::Environment& env, Duration timeout,
   client.timeout = std::min<Duration>(timeout, std::chrono::seconds(30));
   auto tcp = std::make_shared<TcpStore>(client);
   // Keys of one run and one restart round never meet another's.
-  opened.store = std::make_shared<PrefixStore>(
-      fmt::format("{}/round{}", env.run_id.empty() ? "run" : env.run_id, env.restart), std::move(tcp));
+  opened.store = std::make_shared<PrefixStore>(scope, std::move(tcp));
   return opened;
 }
 

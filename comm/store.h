@@ -1,9 +1,11 @@
 // comm::Store: the small key-value store every process of a run meets at
 // (docs/ARCHITECTURE.md, "Core abstractions"). Ranks publish addresses, unique ids and
-// heartbeats through it; the launcher, or rank 0 without one, hosts it.
+// heartbeats through it; the launcher, or rank 0 without one, hosts it, or
+// it lives in an etcd cluster (dtrain-launch --rdzv-backend etcd).
 //
 // Contract shared by every implementation (MemoryStore for thread-based
-// tests, TcpStore for processes):
+// tests, TcpStore for processes, EtcdStore in etcd; tests/support/store_contract.h
+// checks it):
 // - Keys are strings, values are bytes. Calls are thread-safe.
 // - Every call that can wait takes a timeout and throws dtrain::TimeoutError
 //   naming the key(s) when it runs out; nothing waits forever.

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "cluster/run_token.h"
+#include "comm/etcd_store.h"
 #include "core/error.h"
 #include "core/exit_codes.h"
 #include "core/syscall.h"
@@ -120,6 +121,7 @@ AgentState Agent::init() {
 // there, and the others take it from there, so every node of the job agrees
 // (and a later job in the same log folder or Prometheus is told apart).
 void Agent::resolve_run_id() {
+  if (options_.etcd) return;  // every agent gave it (--rdzv-id or Slurm's job id): nobody hosts a store to make one
   const bool fresh = options_.run_id.empty();
   const std::string key = "dtrain-launch/run_id";
   if (store_.server) {
@@ -160,10 +162,12 @@ void Agent::say_start_notes() {
 }
 
 AgentState Agent::rendezvous() {
-  console_.say(fmt::format("waiting for {} node(s) at {}:{} (run {})",
+  console_.say(fmt::format("waiting for {} node(s) at {} (run {})",
                            options_.elastic() ? fmt::format("{}-{}", options_.min_nodes, options_.max_nodes)
                                               : std::to_string(options_.min_nodes),
-                           options_.endpoint_host, options_.endpoint_port, options_.run_id));
+                           options_.etcd ? "etcd " + cluster::host_port_list(options_.etcd_endpoints)
+                                         : fmt::format("{}:{}", options_.endpoint_host, options_.endpoint_port),
+                           options_.run_id));
   try {
     plan_ = rdzv_->join();
     master_port_ = rdzv_->master_port(plan_, free_tcp_port);
@@ -261,6 +265,15 @@ AgentState Agent::running() {
       } catch (const CommError& e) {
         end = RoundEnd{RoundEnd::Kind::failure, fmt::format("lost the run's store: {}", e.what()), "", 0};
         failures_.push_back(*end);
+        store_lost_ = true;
+        if (options_.etcd) {
+          // The workers' SIGTERM makes them save a checkpoint: training resumes from it.
+          console_.say(fmt::format(
+              "job stopped: lost the run's store in etcd ({}); stopping the workers, which save a checkpoint; once "
+              "etcd answers again, start the job again with another --rdzv-id (or after `etcdctl del --prefix "
+              "dtrain/{}/`): it resumes from that checkpoint",
+              e.what(), options_.run_id));
+        }
         workers_->stop(ms(options_.stop_timeout_s));
         exit_code_ = kExitFailed;
         return finish(AgentState::failed);
@@ -331,6 +344,10 @@ AgentState Agent::stopping() {
 // The hosting agent keeps the store up until every agent saw the end (bounded).
 AgentState Agent::finish(AgentState final_state) {
   if (final_state == AgentState::succeeded) console_.say("all workers of every node finished");
+  if (store_lost_) {  // every call would only wait for its timeout
+    linger_metrics();
+    return final_state;
+  }
   try {
     collect_metrics();  // the workers' last snapshots, published as they ended
   } catch (const Error&) {
@@ -338,11 +355,15 @@ AgentState Agent::finish(AgentState final_state) {
   }
   merge_traces();
   try {
-    rdzv_->mark_left(plan_.round);
+    const std::int64_t left = rdzv_->mark_left(plan_.round);
     const auto until = Clock::now() + std::chrono::seconds(10);
     while (store_.server && rdzv_->left(plan_.round) < plan_.num_nodes && Clock::now() < until) {
       std::this_thread::sleep_for(milliseconds(50));
     }
+    // etcd outlives the job: the last agent to leave removes the job's keys,
+    // so that the run id can be used again.
+    auto* etcd = dynamic_cast<comm::EtcdStore*>(store_.store.get());
+    if (etcd != nullptr && left >= plan_.num_nodes) etcd->delete_prefix(options_.run_id + "/");
   } catch (const Error&) {
     // the store is gone already: nothing left to wait for
   }

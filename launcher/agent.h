@@ -94,6 +94,7 @@ class Agent {
   int master_port_ = 0;             // the workers' MASTER_PORT in this round
   bool first_round_ = true;
   bool unwatched_said_ = false;     // said once that no worker heartbeats
+  bool store_lost_ = false;         // the store stopped answering: finish() asks it nothing more
   int exit_code_ = 0;
 };
 

@@ -48,7 +48,8 @@ void add_options(CLI::App& app, LaunchOptions& o, RawArgs& raw) {
   app.add_option("--nnodes", raw.nnodes, "nodes: N, or MIN:MAX for an elastic job")->default_str("1");
   app.add_option("--node-rank,--node_rank", raw.node_rank, "this node's rank (0 hosts the store)")
       ->default_str("arrival order");
-  app.add_option("--rdzv-endpoint,--rdzv_endpoint", raw.endpoint, "HOST:PORT of the rendezvous store")
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", raw.endpoint,
+                 "HOST:PORT of the rendezvous store; with --rdzv-backend etcd, etcd's client endpoints H1:P1,H2:P2,...")
       ->default_str("none");
   app.add_option("--master-addr,--master_addr", raw.master_addr,
                  "torchrun's spelling of the endpoint's host (with --master-port: HOST:PORT)")
@@ -58,7 +59,8 @@ void add_options(CLI::App& app, LaunchOptions& o, RawArgs& raw) {
   app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the run id every agent of the job shares")
       ->default_str("$SLURM_JOB_ID, else a fresh one per job");
   app.add_option("--rdzv-backend,--rdzv_backend", raw.rdzv_backend,
-                 "torchrun's rendezvous backend: c10d or static, both meaning dtrain's built-in store");
+                 "c10d or static (both: dtrain's built-in store, hosted by node rank 0), or etcd (torchrun's "
+                 "etcd-v2 too): an etcd cluster at --rdzv-endpoint h1:2379,h2:2379,...");
   app.add_option("--local-addr,--local_addr", o.local_addr,
                  "the name or address this node advertises to the others (rendezvous, failure reports)")
       ->default_str("hostname");
@@ -142,17 +144,37 @@ void set_endpoint(LaunchOptions& o, const RawArgs& raw) {
                                                    : fmt::format("{}:{}", host, port);
   }
   if (endpoint.empty()) return;
+  if (o.etcd) {
+    if (master) {
+      throw Error("--rdzv-backend etcd takes etcd's endpoints from --rdzv-endpoint, not --master-addr/--master-port");
+    }
+    o.etcd_endpoints = cluster::parse_etcd_endpoints(endpoint, "--rdzv-endpoint");
+    o.endpoint_host = o.etcd_endpoints.front().host;  // for messages; the store is the whole list
+    o.endpoint_port = o.etcd_endpoints.front().port;
+    return;
+  }
   const cluster::HostPort hp = cluster::parse_host_port(endpoint, master ? "--master-addr:--master-port" : "--rdzv-endpoint");
   o.endpoint_host = hp.host;
   o.endpoint_port = hp.port;
 }
 
 // torchrun's --rdzv-backend: its c10d and static backends both come down to
-// one store on the endpoint, which dtrain's built-in store is.
-void check_rdzv_backend(const std::string& backend) {
+// one store on the endpoint, which dtrain's built-in store is; etcd (and
+// torchrun's etcd-v2, said to be the same with a note) keep the rendezvous
+// and the workers' store in an etcd cluster.
+void set_rdzv_backend(LaunchOptions& o, const std::string& backend) {
   if (backend == "c10d" || backend == "static") return;
+  if (backend == "etcd" || backend == "etcd-v2") {
+    o.etcd = true;
+    if (backend == "etcd-v2") {
+      o.notes.push_back("--rdzv-backend etcd-v2: torchrun's name, taken as dtrain's etcd backend, which speaks "
+                        "etcd's v3 API (etcd 3.4 or later at --rdzv-endpoint)");
+    }
+    return;
+  }
   throw Error(fmt::format("--rdzv-backend '{}' is not one dtrain-launch takes: c10d or static (both mean "
-                          "dtrain's built-in store at --rdzv-endpoint, hosted by node rank 0)",
+                          "dtrain's built-in store at --rdzv-endpoint, hosted by node rank 0), or etcd (etcd-v2) "
+                          "for an etcd cluster at --rdzv-endpoint h1:2379,h2:2379,...",
                           backend));
 }
 
@@ -265,12 +287,16 @@ LaunchOptions parse_command_line(const std::vector<std::string>& args, std::stri
   o.command = worker_command(std::move(program), raw);
   if (!raw.nnodes.empty()) std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(raw.nnodes);
   if (raw.node_rank >= 0) o.node_rank = raw.node_rank;
+  set_rdzv_backend(o, raw.rdzv_backend);
   set_endpoint(o, raw);
+  if (o.standalone && o.etcd) {
+    throw Error("--standalone hosts its own store on this node; --rdzv-backend etcd is for jobs of several nodes "
+                "that meet in an etcd cluster: drop one of them");
+  }
   if (o.standalone && (o.min_nodes != 1 || o.max_nodes != 1 || !o.endpoint_host.empty() || o.node_rank)) {
     throw Error("--standalone runs one node with its own store: drop --node-rank, --rdzv-endpoint and "
                 "--master-addr/--master-port, and --nnodes unless it is 1");
   }
-  check_rdzv_backend(raw.rdzv_backend);
   if (o.local_addr.find_first_of(" \t\n") != std::string::npos) {
     throw Error(fmt::format("--local-addr '{}' has white space: give one host name or address", o.local_addr));
   }
@@ -313,6 +339,10 @@ int resolve_nproc_per_node(const std::string& spec, const NodeResources& node) {
 
 void resolve_options(LaunchOptions& o, const cluster::EnvMap& env, const NodeResources& node) {
   o.nproc_per_node = resolve_nproc_per_node(o.nproc_spec, node);
+  if (o.etcd && o.endpoint_host.empty()) {
+    throw Error("--rdzv-backend etcd needs --rdzv-endpoint with etcd's client endpoints, e.g. "
+                "--rdzv-endpoint h1:2379,h2:2379,h3:2379");
+  }
   const bool given = o.standalone || !o.endpoint_host.empty();
   if (!given && cluster::lookup(env, "SLURM_JOB_ID") != nullptr) resolve_from_slurm(o, env);
   if (!o.standalone && o.endpoint_host.empty()) {
@@ -321,6 +351,13 @@ void resolve_options(LaunchOptions& o, const cluster::EnvMap& env, const NodeRes
                   "under srun --ntasks-per-node=1 so Slurm's variables say it; one node: --standalone");
     }
     o.standalone = true;  // one node and no endpoint: as torchrun, behave as --standalone
+  }
+  if (o.etcd && o.run_id.empty()) {
+    if (const std::string* job = cluster::lookup(env, "SLURM_JOB_ID")) o.run_id = *job;
+  }
+  if (o.etcd && o.run_id.empty()) {
+    throw Error("--rdzv-backend etcd needs --rdzv-id: the run id that every agent of the job gives and that "
+                "scopes the job's keys in etcd (no agent hosts a store to hand out a fresh one)");
   }
   if (o.standalone) {
     o.endpoint_host = "127.0.0.1";

@@ -11,7 +11,8 @@
 // neither a launcher option nor an option's value; an unknown option before
 // it is an error naming it. torchrun's options whose work dtrain does its
 // own way are accepted with that meaning: --rdzv-backend c10d|static (both:
-// dtrain's store), --tee and --redirects (per-rank logs and the console,
+// dtrain's store; etcd and torchrun's etcd-v2: an etcd cluster, spoken to
+// with etcd's v3 API), --tee and --redirects (per-rank logs and the console,
 // always; LaunchOptions::notes says so), --local-addr (the name this node
 // advertises), --standalone with --nnodes 1.
 //
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/env_vars.h"
 #include "cluster/environment.h"
 
 namespace dtrain::launcher {
@@ -34,6 +36,8 @@ struct LaunchOptions {
   std::optional<int> node_rank;     // --node-rank: this node's place (a preference when elastic)
   std::string endpoint_host;        // --rdzv-endpoint HOST:PORT (standalone: 127.0.0.1)
   int endpoint_port = 0;            // standalone: 0 until a free port is bound
+  bool etcd = false;                // --rdzv-backend etcd (or etcd-v2): the rendezvous and the store live in etcd
+  std::vector<cluster::HostPort> etcd_endpoints;  // --rdzv-endpoint h1:2379,h2:2379,... when etcd
   std::string run_id;               // --rdzv-id, else SLURM_JOB_ID; empty: the agent makes a fresh one
   std::string local_addr;           // --local-addr: the name this node advertises (empty: its hostname)
   std::string nproc_spec = "1";     // --nproc-per-node as given: N, auto, cpu or gpu

@@ -4,6 +4,7 @@
 
 #include "cluster/node_address.h"
 #include "cluster/run_token.h"
+#include "comm/etcd_store.h"
 #include "comm/tcp_store.h"
 #include "comm/tcp_store_server.h"
 #include "core/error.h"
@@ -42,7 +43,7 @@ std::unique_ptr<comm::TcpStoreServer> host(LaunchOptions& o, const std::string& 
 std::string run_token(const LaunchOptions& options, const cluster::EnvMap& env) {
   const auto it = env.find("DTRAIN_TOKEN");
   if (it != env.end() && !it->second.empty()) return it->second;
-  if (options.max_nodes > 1) {
+  if (options.max_nodes > 1 && !options.etcd) {
     throw Error("a job of several nodes needs one secret shared by every agent: export DTRAIN_TOKEN (for "
                 "example DTRAIN_TOKEN=$(od -An -tx8 -N16 /dev/urandom | tr -d ' ')) where every node's "
                 "dtrain-launch inherits it (srun passes the environment on)");
@@ -51,6 +52,7 @@ std::string run_token(const LaunchOptions& options, const cluster::EnvMap& env) 
 }
 
 bool hosts_store(const LaunchOptions& options) {
+  if (options.etcd) return false;
   if (options.standalone) return true;
   if (options.node_rank) return *options.node_rank == 0;
   return !comm::tcp_port_in_use(options.endpoint_port);
@@ -58,6 +60,22 @@ bool hosts_store(const LaunchOptions& options) {
 
 StoreConnection open_run_store(LaunchOptions& o, const std::string& token) {
   StoreConnection c;
+  if (o.etcd) {
+    comm::EtcdStore::Options etcd;
+    etcd.endpoints = o.etcd_endpoints;
+    // etcd runs before the job does: a cluster that does not answer now is
+    // misconfigured more often than late, so the wait is short.
+    etcd.connect_timeout = std::min(std::chrono::milliseconds(static_cast<long>(o.rdzv_timeout_s * 1000)),
+                                    std::chrono::milliseconds(kEtcdConnectTimeoutMs));
+    etcd.lease_ttl = std::chrono::seconds(kAgentLeaseTtlS);
+    etcd.log = [](const std::string& line) { fmt::print(stderr, "dtrain-launch: etcd: {}\n", line); };
+    try {
+      c.store = std::make_shared<comm::EtcdStore>(etcd);
+    } catch (const CommError& e) {
+      throw CommError(fmt::format("--rdzv-backend etcd: {}", e.what()));
+    }
+    return c;
+  }
   // A Slurm node name the resolver does not know is reached at its NodeAddr.
   if (o.from_slurm) o.endpoint_host = cluster::node_address(o.endpoint_host, std::chrono::seconds(20));
   if (hosts_store(o)) c.server = host(o, token);

@@ -42,7 +42,9 @@ std::map<std::string, std::string> worker_base_environment(const LaunchOptions& 
   }
   const std::string& host = o.endpoint_host;
   const bool ipv6 = host.find(':') != std::string::npos;
-  env["DTRAIN_STORE"] = ipv6 ? fmt::format("[{}]:{}", host, o.endpoint_port) : fmt::format("{}:{}", host, o.endpoint_port);
+  env["DTRAIN_STORE"] = o.etcd ? cluster::etcd_address(o.etcd_endpoints)  // the workers reach etcd themselves
+                        : ipv6 ? fmt::format("[{}]:{}", host, o.endpoint_port)
+                               : fmt::format("{}:{}", host, o.endpoint_port);
   env["DTRAIN_TOKEN"] = round.token;
   env["DTRAIN_RUN_ID"] = o.run_id;
   env["DTRAIN_RESTART"] = std::to_string(plan.round);
@@ -59,7 +61,8 @@ std::map<std::string, std::string> worker_base_environment(const LaunchOptions& 
   env["GROUP_RANK"] = std::to_string(plan.node_rank);
   env["GROUP_WORLD_SIZE"] = std::to_string(plan.num_nodes);
   env["ROLE_NAME"] = std::string("default");
-  env["MASTER_ADDR"] = host;
+  // With etcd no agent hosts a store: MASTER_ADDR is node rank 0's advertised name.
+  env["MASTER_ADDR"] = o.etcd && !plan.nodes.empty() ? plan.nodes.front().host : host;
   env["MASTER_PORT"] = std::to_string(round.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(round.restarts);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);

@@ -25,6 +25,8 @@ packages=(
   # for dtrain-launch's torchrun contract (tests/integration/test_launch_torchrun.cpp)
   # and the decoder's PyTorch reference (tests/integration/test_reference_pytorch.cpp)
   slurm-wlm munge iproute2 python3-torch
+  # dtrain-launch --rdzv-backend etcd: the tests start a 3-member cluster of their own
+  etcd-server etcd-client
   # data the examples train on
   dataset-fashion-mnist fortunes
   # scripts/plot.sh

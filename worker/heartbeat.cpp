@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cluster/environment.h"
+#include "comm/etcd_store.h"
 #include "comm/tcp_store.h"
 #include "core/error.h"
 #include "telemetry/heartbeat_format.h"
@@ -34,6 +35,12 @@ std::unique_ptr<Heartbeat> Heartbeat::from_environment(const cluster::Environmen
     throw Error(fmt::format("DTRAIN_HEARTBEAT_S='{}' is not a number of seconds; unset it or fix it", it->second));
   }
   if (seconds <= 0.0) return nullptr;
+  const std::string scope = fmt::format("{}/round{}", env.run_id.empty() ? "run" : env.run_id, env.restart);
+  const auto interval = std::chrono::milliseconds(static_cast<long>(seconds * 1000.0));
+  if (cluster::is_etcd_address(*env.store)) {  // dtrain-launch --rdzv-backend etcd
+    auto etcd = comm::etcd_store_client(*env.store, std::chrono::seconds(30), std::chrono::seconds(5));
+    return std::make_unique<Heartbeat>(std::make_shared<comm::PrefixStore>(scope, std::move(etcd)), env.rank, interval);
+  }
   const cluster::HostPort endpoint = cluster::parse_host_port(*env.store, "DTRAIN_STORE");
   comm::TcpStore::Options options;
   options.host = endpoint.host;
@@ -41,11 +48,8 @@ std::unique_ptr<Heartbeat> Heartbeat::from_environment(const cluster::Environmen
   options.token = env.token.empty() ? "dtrain:" + env.run_id : env.token;  // as comm::open_store
   options.connect_timeout = std::chrono::seconds(30);
   options.timeout = std::chrono::seconds(5);
-  auto store = std::make_shared<comm::PrefixStore>(
-      fmt::format("{}/round{}", env.run_id.empty() ? "run" : env.run_id, env.restart),
-      std::make_shared<comm::TcpStore>(options));
-  return std::make_unique<Heartbeat>(std::move(store), env.rank,
-                                     std::chrono::milliseconds(static_cast<long>(seconds * 1000.0)));
+  auto store = std::make_shared<comm::PrefixStore>(scope, std::make_shared<comm::TcpStore>(options));
+  return std::make_unique<Heartbeat>(std::move(store), env.rank, interval);
 }
 
 Heartbeat::Heartbeat(std::shared_ptr<comm::Store> store, int rank, comm::Duration interval)

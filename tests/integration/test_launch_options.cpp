@@ -140,8 +140,39 @@ TEST(LaunchOptions, RdzvBackendC10dAndStaticMeanDtrainsStore) {
       EXPECT_EQ(parse({spelling + "=" + backend, "--standalone", "--", "p"}).command, Command{"p"});
     }
   }
-  expect_error({"--rdzv_backend", "etcd", "--", "p"}, "--rdzv-backend 'etcd' is not one dtrain-launch takes: c10d or "
-                                                     "static");
+  expect_error({"--rdzv_backend", "zookeeper", "--", "p"},
+               "--rdzv-backend 'zookeeper' is not one dtrain-launch takes: c10d or static");
+}
+
+TEST(LaunchOptions, RdzvBackendEtcdTakesEtcdsEndpointsAndNeedsARunId) {
+  const LaunchOptions o = parse({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h1:2379,h2,[::1]:2380", "--rdzv-id",
+                                 "job", "--nnodes", "1:3", "--", "p"});
+  EXPECT_TRUE(o.etcd);
+  EXPECT_FALSE(o.standalone);
+  ASSERT_EQ(o.etcd_endpoints.size(), 3u);
+  EXPECT_EQ(o.etcd_endpoints[1].host, "h2");
+  EXPECT_EQ(o.etcd_endpoints[1].port, 2379);  // etcd's own port when none is given
+  EXPECT_EQ(o.etcd_endpoints[2].host, "::1");
+  EXPECT_EQ(o.etcd_endpoints[2].port, 2380);
+  EXPECT_TRUE(o.notes.empty());
+  // torchrun's etcd-v2: the same backend, with a note that it speaks etcd's v3 API.
+  const LaunchOptions v2 = parse({"--rdzv_backend", "etcd-v2", "--rdzv_endpoint", "h1:2379", "--rdzv-id", "job",
+                                  "--nnodes", "2", "--", "p"});
+  EXPECT_TRUE(v2.etcd);
+  ASSERT_EQ(v2.notes.size(), 1u);
+  EXPECT_THAT(v2.notes[0], HasSubstr("speaks etcd's v3 API"));
+  // Slurm's job id is the run id when --rdzv-id is not given.
+  EXPECT_EQ(parse({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h1", "--nnodes", "2", "--", "p"},
+                  {{"SLURM_JOB_ID", "77"}}).run_id, "77");
+  expect_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h1:2379", "--nnodes", "2", "--", "p"},
+               "--rdzv-backend etcd needs --rdzv-id");
+  expect_error({"--rdzv-backend", "etcd", "--nnodes", "2", "--", "p"},
+               "--rdzv-backend etcd needs --rdzv-endpoint with etcd's client endpoints");
+  expect_error({"--rdzv-backend", "etcd", "--standalone", "--", "p"}, "drop one of them");
+  expect_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h1:2379,,h2", "--rdzv-id", "j", "--", "p"},
+               "--rdzv-endpoint='h1:2379,,h2' has an empty entry");
+  expect_error({"--rdzv-backend", "etcd", "--rdzv-endpoint", "h1:x", "--rdzv-id", "j", "--", "p"},
+               "the port must be a number");
 }
 
 TEST(LaunchOptions, TeeAndRedirectsAreAcceptedWithANoteOnWhatDtrainDoes) {
@@ -212,7 +243,7 @@ TEST(LaunchOptions, HelpShowsTheProgramFormAndEveryDefaultAndVersionTheVersion) 
   for (const char* shown : {"--nproc-per-node,--nproc_per_node TEXT=1", "--rdzv-timeout FLOAT=600",
                             "--log-dir TEXT=logs", "--master-port,--master_port INT=29500", "--metrics-linger FLOAT=0",
                             "--hang-timeout FLOAT=300", "--node-rank,--node_rank INT=arrival order",
-                            "--rdzv-backend,--rdzv_backend TEXT=c10d", "c10d or static, both meaning dtrain's built-in",
+                            "--rdzv-backend,--rdzv_backend TEXT=c10d", "c10d or static (both: dtrain's built-in",
                             "-t,--tee TEXT=3 (always)", "-r,--redirects TEXT=3 (always)",
                             "always go to LOG_DIR/rank_K.log and to the console", "--local-addr,--local_addr TEXT=hostname",
                             "--rdzv-id,--rdzv_id TEXT=$SLURM_JOB_ID, else a fresh one per job"}) {
@@ -243,6 +274,14 @@ TEST(WorkerEnvironment, CarriesDtrainsContractAndTorchrunsOverTheAgentsOwn) {
       {"TORCHELASTIC_ERROR_FILE", "/l/j/attempt_4/3/error.json"}};
   for (const auto& [k, v] : want) EXPECT_EQ(env[k], v) << k;
   EXPECT_EQ(env.count("OMPI_COMM_WORLD_RANK"), 0u);
+  // With etcd, the workers get etcd's endpoints and MASTER_ADDR is node rank 0's advertised name.
+  LaunchOptions e = parse({"--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379,e2", "--rdzv-id", "j",
+                           "--", "p"});
+  RoundPlan two = plan;
+  two.nodes = {NodeInfo{false, 0, 2, "node-a", 0}, NodeInfo{false, 1, 2, "node-b", 1}};
+  const auto etcd_env = worker_base_environment(e, two, {}, {"tok", 31000, 0, 0, false});
+  EXPECT_EQ(etcd_env.at("DTRAIN_STORE"), "etcd://e1:2379,e2:2379");
+  EXPECT_EQ(etcd_env.at("MASTER_ADDR"), "node-a");
   // The user's OMP_NUM_THREADS stays theirs; one worker per node gets none.
   const auto chosen = worker_base_environment(o, plan, {{"OMP_NUM_THREADS", "4"}}, {"tok", 31000, 0, 0, false});
   EXPECT_EQ(chosen.at("OMP_NUM_THREADS"), "4");

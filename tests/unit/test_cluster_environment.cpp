@@ -196,6 +196,23 @@ TEST(ClusterEnvironment, StoreAddressIsValidated) {
   }
 }
 
+// dtrain-launch --rdzv-backend etcd gives workers etcd's endpoints.
+TEST(ClusterEnvironment, StoreMayBeAnEtcdEndpointList) {
+  EnvMap vars = launcher_vars();
+  vars["DTRAIN_STORE"] = "etcd://e1:2379,[::1]:2380,e3";
+  EXPECT_EQ(detect_environment(vars).store, "etcd://e1:2379,[::1]:2380,e3");
+  const std::vector<HostPort> endpoints = parse_etcd_endpoints(*detect_environment(vars).store, "DTRAIN_STORE");
+  ASSERT_EQ(endpoints.size(), 3u);
+  EXPECT_EQ(endpoints[1].host, "::1");
+  EXPECT_EQ(endpoints[1].port, 2380);
+  EXPECT_EQ(endpoints[2].port, 2379);
+  EXPECT_EQ(etcd_address(endpoints), "etcd://e1:2379,[::1]:2380,e3:2379");
+  for (const char* bad : {"etcd://", "etcd://e1:2379,", "etcd://e1:x", "etcd://e1:0"}) {
+    vars["DTRAIN_STORE"] = bad;
+    EXPECT_THAT(env_error(vars), HasSubstr(std::string("DTRAIN_STORE='") + bad + "'")) << bad;
+  }
+}
+
 TEST(ClusterEnvironment, ParseHostPort) {
   const HostPort v4 = parse_host_port("10.0.0.1:29500", "X");
   EXPECT_EQ(v4.host, "10.0.0.1");

@@ -16,7 +16,41 @@
 #include "comm/tcp_store.h"
 #include "comm/tcp_store_server.h"
 #include "core/error.h"
+#include "support/store_contract.h"
 #include "support/store_testing.h"
+
+namespace dtrain::testing {
+namespace {
+
+// Each backend hands out clients of one store: every MemoryStore client is
+// the same object; every TcpStore client is its own connection to one server.
+struct MemoryBackend {
+  static constexpr int kConcurrentClients = 64;
+  static constexpr int kAddsEach = 100;
+  std::shared_ptr<comm::MemoryStore> store = std::make_shared<comm::MemoryStore>();
+  std::shared_ptr<Store> client() { return store; }
+};
+
+struct TcpBackend {
+  static constexpr int kConcurrentClients = 64;
+  static constexpr int kAddsEach = 100;
+  LogCapture log;
+  comm::TcpStoreServer server{store_server_options(log)};
+  std::shared_ptr<Store> client() { return std::make_shared<comm::TcpStore>(store_client_options(server.port())); }
+};
+
+struct BackendNames {
+  template <class T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, MemoryBackend> ? "Memory" : "Tcp";
+  }
+};
+
+using Backends = ::testing::Types<MemoryBackend, TcpBackend>;
+INSTANTIATE_TYPED_TEST_SUITE_P(Local, StoreContract, Backends, BackendNames);
+
+}  // namespace
+}  // namespace dtrain::testing
 
 namespace dtrain::comm {
 namespace {
@@ -34,185 +68,6 @@ using dtrain::testing::store_frame;
 using dtrain::testing::store_hello_frame;
 using dtrain::testing::store_length_prefix;
 using dtrain::testing::store_server_options;
-
-// Each backend hands out clients of one store: every MemoryStore client is
-// the same object; every TcpStore client is its own connection to one server.
-struct MemoryBackend {
-  std::shared_ptr<MemoryStore> store = std::make_shared<MemoryStore>();
-  std::shared_ptr<Store> client() { return store; }
-};
-
-struct TcpBackend {
-  LogCapture log;
-  TcpStoreServer server{store_server_options(log)};
-  std::shared_ptr<Store> client() { return std::make_shared<TcpStore>(store_client_options(server.port())); }
-};
-
-template <class Backend>
-class StoreContract : public ::testing::Test {
- protected:
-  std::shared_ptr<Store> client() { return backend_.client(); }
-  Backend backend_;
-};
-
-struct BackendNames {
-  template <class T>
-  static std::string GetName(int) {
-    return std::is_same_v<T, MemoryBackend> ? "Memory" : "Tcp";
-  }
-};
-
-using Backends = ::testing::Types<MemoryBackend, TcpBackend>;
-TYPED_TEST_SUITE(StoreContract, Backends, BackendNames);
-
-TYPED_TEST(StoreContract, SetThenGetReturnsTheValue) {
-  auto s = this->client();
-  s->set("a", to_bytes("1"));
-  EXPECT_EQ(to_string(s->get("a", 1s)), "1");
-  s->set("a", to_bytes("2"));
-  EXPECT_EQ(to_string(s->get("a", 1s)), "2");
-  const Bytes binary = {0, 255, 10, 0, 7};
-  s->set("binary", binary);
-  EXPECT_EQ(s->get("binary", 1s), binary);
-  s->set("empty", {});
-  EXPECT_THAT(s->get("empty", 1s), IsEmpty());
-}
-
-TYPED_TEST(StoreContract, GetWaitsForALaterSetFromAnotherThread) {
-  auto reader = this->client();
-  auto writer = this->client();
-  std::thread later([&] {
-    std::this_thread::sleep_for(50ms);
-    writer->set("late", to_bytes("here"));
-  });
-  EXPECT_EQ(to_string(reader->get("late", 1500ms)), "here");
-  later.join();
-}
-
-TYPED_TEST(StoreContract, GetTimesOutWithTimeoutErrorNamingTheKey) {
-  auto s = this->client();
-  try {
-    s->get("never-set", 100ms);
-    FAIL() << "expected TimeoutError";
-  } catch (const TimeoutError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("'never-set'"));
-  }
-  s->set("after", to_bytes("ok"));  // the store still serves this client
-  EXPECT_EQ(to_string(s->get("after", 1s)), "ok");
-}
-
-TYPED_TEST(StoreContract, AddKeepsDecimalTextAndReturnsTheNewValue) {
-  auto s = this->client();
-  EXPECT_EQ(s->add("n", 5), 5);
-  EXPECT_EQ(s->add("n", -7), -2);
-  EXPECT_EQ(to_string(s->get("n", 1s)), "-2");
-  s->set("m", to_bytes("40"));
-  EXPECT_EQ(s->add("m", 2), 42);
-  s->set("text", to_bytes("abc"));
-  try {
-    s->add("text", 1);
-    FAIL() << "expected CommError";
-  } catch (const CommError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("'text'"));
-    EXPECT_THAT(e.what(), HasSubstr("not a decimal integer"));
-  }
-}
-
-TYPED_TEST(StoreContract, CompareSetStoresOnlyWhenExpectedMatches) {
-  auto s = this->client();
-  EXPECT_EQ(to_string(s->compare_set("k", {}, to_bytes("a"))), "a");  // absent matches empty
-  EXPECT_EQ(to_string(s->compare_set("k", to_bytes("zzz"), to_bytes("b"))), "a");
-  EXPECT_EQ(to_string(s->get("k", 1s)), "a");
-  EXPECT_EQ(to_string(s->compare_set("k", to_bytes("a"), to_bytes("b"))), "b");
-  EXPECT_EQ(to_string(s->get("k", 1s)), "b");
-  EXPECT_THAT(s->compare_set("absent", to_bytes("x"), to_bytes("y")), IsEmpty());
-  EXPECT_FALSE(s->check("absent"));
-}
-
-TYPED_TEST(StoreContract, DeleteKeyReportsWhetherItExisted) {
-  auto s = this->client();
-  s->set("d", to_bytes("1"));
-  EXPECT_TRUE(s->delete_key("d"));
-  EXPECT_FALSE(s->check("d"));
-  EXPECT_FALSE(s->delete_key("d"));
-}
-
-TYPED_TEST(StoreContract, WaitReturnsOnceEveryKeyExists) {
-  auto waiter = this->client();
-  auto writer = this->client();
-  waiter->wait({}, 0ms);
-  std::thread later([&] {
-    writer->set("w1", to_bytes("1"));
-    std::this_thread::sleep_for(30ms);
-    writer->set("w2", to_bytes("2"));
-  });
-  waiter->wait({"w1", "w2"}, 1500ms);
-  later.join();
-  EXPECT_TRUE(waiter->check("w2"));
-}
-
-TYPED_TEST(StoreContract, WaitTimesOutNamingOnlyTheMissingKeys) {
-  auto s = this->client();
-  s->set("present", to_bytes("1"));
-  try {
-    s->wait({"present", "absent1", "absent2"}, 100ms);
-    FAIL() << "expected TimeoutError";
-  } catch (const TimeoutError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("missing 'absent1', 'absent2'"));
-  }
-}
-
-TYPED_TEST(StoreContract, CheckAndNumKeys) {
-  auto s = this->client();
-  EXPECT_EQ(s->num_keys(), 0);
-  EXPECT_FALSE(s->check("x"));
-  s->set("x", to_bytes("1"));
-  s->add("y", 1);
-  EXPECT_TRUE(s->check("x"));
-  EXPECT_EQ(s->num_keys(), 2);
-  s->delete_key("x");
-  EXPECT_EQ(s->num_keys(), 1);
-}
-
-TYPED_TEST(StoreContract, PrefixStoreScopesKeys) {
-  auto base = this->client();
-  PrefixStore run1("run1", base);
-  PrefixStore run2("run2", base);
-  run1.set("k", to_bytes("1"));
-  run2.set("k", to_bytes("2"));
-  EXPECT_EQ(to_string(run1.get("k", 1s)), "1");
-  EXPECT_EQ(to_string(run2.get("k", 1s)), "2");
-  EXPECT_EQ(to_string(base->get("run1/k", 1s)), "1");
-  EXPECT_EQ(run1.add("n", 3), 3);
-  EXPECT_FALSE(run2.check("n"));
-  EXPECT_EQ(to_string(run1.compare_set("k", to_bytes("1"), to_bytes("one"))), "one");
-  run1.wait({"k", "n"}, 1s);
-  EXPECT_TRUE(run1.delete_key("k"));
-  EXPECT_TRUE(run2.check("k"));
-  EXPECT_EQ(run1.num_keys(), 2);  // run1/n and run2/k: num_keys counts the whole store
-  EXPECT_THROW(run1.get("missing", 50ms), TimeoutError);
-}
-
-TYPED_TEST(StoreContract, SixtyFourClientsAddingConcurrentlyLoseNoUpdate) {
-  constexpr int kClients = 64;
-  constexpr int kAddsEach = 100;
-  std::mutex mu;
-  std::vector<std::int64_t> seen;
-  auto errors = run_threads(kClients, [&](int) {
-    auto s = this->client();
-    std::vector<std::int64_t> mine;
-    for (int i = 0; i < kAddsEach; ++i) mine.push_back(s->add("counter", 1));
-    std::lock_guard lock(mu);
-    seen.insert(seen.end(), mine.begin(), mine.end());
-  });
-  ASSERT_THAT(errors, IsEmpty());
-  EXPECT_EQ(this->client()->add("counter", 0), kClients * kAddsEach);
-  // Every add saw a distinct value: none was applied twice or lost.
-  std::sort(seen.begin(), seen.end());
-  std::vector<std::int64_t> expected(kClients * kAddsEach);
-  std::iota(expected.begin(), expected.end(), 1);
-  EXPECT_EQ(seen, expected);
-}
 
 class TcpStoreTest : public ::testing::Test {
  protected:
