@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dtrain against PyTorch on the same models, one CPU thread each:
+# dtrain against PyTorch on the same models, one CPU thread each (THREADS=N: N each):
 # lm-small and cls-seed (examples/configs). Every PyTorch peer in PEERS runs
 # bench/pytorch_train.py at its fastest fp32 variant (--variant auto), in the
 # same run as dtrain:
@@ -57,8 +57,10 @@ build=${BUILD_DIR:-$repo/build}
 configs=("$@")
 [[ ${#configs[@]} -gt 0 ]] || configs=(lm-small cls-seed)
 
-# One thread everywhere; OpenMP pools must not spin against each other.
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+# THREADS (default 1) threads everywhere; OpenMP pools must not spin against each other.
+threads=${THREADS:-1}
+[[ $threads =~ ^[1-9][0-9]*$ ]] || { echo "compare-pytorch: THREADS must be 1 or more" >&2; exit 2; }
+export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads OMP_WAIT_POLICY=PASSIVE
 
 # field NAME TEXT: the value of the `NAME: value` line in TEXT (empty if none).
 field() { awk -v k="$1:" '$1 == k { print $2; exit }' <<<"$2"; }
@@ -94,6 +96,7 @@ peer_run() {
     pypi-compile) py=$pypi_python; args+=(--mode compile) ;;
     *) echo "failed: unknown peer '$peer' (debian, pypi, pypi-compile)"; return ;;
   esac
+  args+=(--threads "$threads")
   [[ -n $py ]] || { echo "failed: ${pypi_error:-no interpreter}"; return; }
   err=$(mktemp)
   timeout "$peer_timeout" "$py" "$repo/bench/pytorch_train.py" "${args[@]}" 2>"$err" || rc=$?
@@ -207,5 +210,5 @@ echo
 printf '%-10s %-9s %16s %10s %-20s %14s %13s\n' config precision dtrain_tokens/s dtrain_mfu \
   fastest_peer peer_tokens/s dtrain/fastest
 printf '%s\n' "${summary[@]}"
-echo "# command: REPEATS=$repeats STEPS=$steps VARIANT=$variant PRECISIONS=\"$precisions\" PEERS=\"$peers\"" \
+echo "# command: THREADS=$threads REPEATS=$repeats STEPS=$steps VARIANT=$variant PRECISIONS=\"$precisions\" PEERS=\"$peers\"" \
   "bench/compare-pytorch.sh ${configs[*]}"
