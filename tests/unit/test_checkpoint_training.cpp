@@ -116,6 +116,7 @@ TEST(CheckpointTraining, AnUpdateAfterBeforeUpdateDoesNotReachTheAsyncSave) {
   config::Config config = tiny_lm(1, 0, 1000, dir.str(), true);
   config.mutable_model()->set_d_model(256);
   config.mutable_model()->set_n_heads(4);
+  config.mutable_model()->set_n_kv_heads(4);
   config.mutable_model()->set_d_ff(1024);
   config.mutable_model()->set_n_layers(4);
   worker::TrainerOptions options;
