@@ -134,19 +134,36 @@ TEST_F(DtrainCkpt, VerifyListsStepsThatNeverCommitted) {
   EXPECT_THAT(one.output, ::testing::HasSubstr("no manifest.pb"));
 }
 
+// A safetensors file: its bytes, the length of its header and the header.
+struct Safetensors {
+  std::string bytes;
+  std::uint64_t header_size = 0;
+  nlohmann::json header;
+};
+
+Safetensors read_safetensors(const std::filesystem::path& file) {
+  Safetensors st;
+  st.bytes = read_bytes(file);
+  if (st.bytes.size() < 8) throw std::runtime_error(file.string() + " is shorter than a safetensors header");
+  for (int i = 7; i >= 0; --i) {
+    st.header_size = (st.header_size << 8) | static_cast<unsigned char>(st.bytes[static_cast<std::size_t>(i)]);
+  }
+  st.header = nlohmann::json::parse(st.bytes.substr(8, st.header_size));
+  return st;
+}
+
 TEST_F(DtrainCkpt, ExportWritesSafetensorsOfTheMasterParameters) {
   TempDir out;
   const std::filesystem::path file = out / "model.safetensors";
   const CommandResult r = ckpt("export " + root().string() + " --format safetensors --out " + file.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
-  const std::string bytes = read_bytes(file);
-  ASSERT_GE(bytes.size(), 8u);
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  const Safetensors st = read_safetensors(file);
+  const std::string& bytes = st.bytes;
+  const std::uint64_t n = st.header_size;
   ASSERT_EQ(n % 8, 0u);
   ASSERT_LE(8 + n, bytes.size());
-  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  const nlohmann::json& header = st.header;
   EXPECT_EQ(header["__metadata__"]["format"], "pt");
   EXPECT_EQ(header["__metadata__"]["step"], "10");
   // Self-describing: the model's shape and conventions travel with the tensors.
@@ -210,10 +227,7 @@ TEST(DtrainCkptBlock, SafetensorsOfALlamaFamilyModelDescribeItsBlock) {
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const CommandResult r = ckpt("export " + root.string() + " --format safetensors --out " + file.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string bytes = read_bytes(file);
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
-  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  const nlohmann::json header = read_safetensors(file).header;
   const nlohmann::json& meta = header["__metadata__"];
   EXPECT_EQ(meta["norm"], "rmsnorm");
   EXPECT_EQ(meta["norm_eps"], "1e-06");

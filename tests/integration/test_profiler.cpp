@@ -9,7 +9,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <zlib.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -33,59 +32,6 @@ namespace {
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 using namespace std::chrono_literals;
-
-// The whole of a gzip stream (a file's bytes or an HTTP body); throws Error
-// when it is not one.
-std::string gunzip(const std::string& bytes) {
-  z_stream z{};
-  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) throw Error("inflateInit2 failed");
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
-  z.avail_in = static_cast<uInt>(bytes.size());
-  std::string out;
-  char buf[65536];
-  int rc = Z_OK;
-  while (rc == Z_OK) {
-    z.next_out = reinterpret_cast<Bytef*>(buf);
-    z.avail_out = sizeof buf;
-    rc = inflate(&z, Z_NO_FLUSH);
-    out.append(buf, sizeof buf - z.avail_out);
-  }
-  inflateEnd(&z);
-  if (rc != Z_STREAM_END) throw Error(fmt::format("not a whole gzip stream (zlib {})", rc));
-  return out;
-}
-
-// GET http://127.0.0.1:PORT/PATH as TensorBoard answers it: the body of a
-// 200 answer, gunzipped when it says Content-Encoding: gzip (TensorBoard
-// compresses its JSON answers); nullopt otherwise.
-std::optional<std::string> tensorboard_get(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return std::nullopt;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request = fmt::format(
-        "GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n", path);
-    if (::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  ::close(fd);
-  const auto head_end = response.find("\r\n\r\n");
-  if (response.rfind("HTTP/1.", 0) != 0 || response.find(" 200 ") > 12 || head_end == std::string::npos) {
-    return std::nullopt;
-  }
-  std::string head = response.substr(0, head_end);
-  for (char& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const std::string body = response.substr(head_end + 4);
-  return head.find("content-encoding: gzip") != std::string::npos ? gunzip(body) : body;
-}
 
 TEST(ProfileSteps, ParsesTheScheduleAndNamesTheFieldWhenMalformed) {
   EXPECT_FALSE(worker::parse_profile_steps("").has_value());
@@ -245,12 +191,13 @@ TEST(Profiler, TwoRanksWriteOneTraceOfTheActiveStepsThatTensorBoardServes) {
     FAIL() << "TensorBoard did not start: " << server[0].log();
   }
   const int port = std::stoi(at[1]);
-  const auto listing = tensorboard_get(port, "/data/plugins_listing");
+  const auto listing = http_get(port, "/data/plugins_listing", 10);
   ASSERT_TRUE(listing.has_value()) << server[0].log();
   EXPECT_TRUE(Json::parse(*listing).contains("profile")) << "tensorboard-plugin-profile is not installed: " << *listing;
-  const auto runs = tensorboard_get(port, "/data/plugin/profile/runs");
-  const auto tools = tensorboard_get(port, "/data/plugin/profile/run_tools?run=" + run);
-  const auto served = tensorboard_get(port, fmt::format("/data/plugin/profile/data?run={}&tag=trace_viewer&host={}", run, host));
+  const auto runs = http_get(port, "/data/plugin/profile/runs", 10);
+  const auto tools = http_get(port, "/data/plugin/profile/run_tools?run=" + run, 10);
+  const auto served =
+      http_get(port, fmt::format("/data/plugin/profile/data?run={}&tag=trace_viewer&host={}", run, host), 10);
   ::kill(server[0].pid, SIGTERM);
   wait_all(server, 30s);
   ASSERT_TRUE(runs.has_value()) << server[0].log();
