@@ -14,7 +14,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$repo/bench/lib.sh"   # median, bench_failed
 build=${BUILD_DIR:-$repo/build}
-config=${CONFIG:-gpt2-124m}
+config=${CONFIG:-gpt2-124m}   # a name in examples/configs, or a config file's path
+config_file=$config
+[[ -f $config_file ]] || config_file="$repo/examples/configs/$config.json"
 micro=${MICRO_BATCH:-8}
 seq=${SEQ:-256}
 steps=${STEPS:-3}
@@ -27,13 +29,13 @@ sets=(--set "train.micro_batch_size=$micro" --set "data.seq_len=$seq" --set "tra
 
 declare -A activations tokens
 for mode in "${modes[@]}"; do
-  out=$("$build/bin/dtrain-worker" --config "$repo/examples/configs/$config.json" "${sets[@]}" \
+  out=$("$build/bin/dtrain-worker" --config "$config_file" "${sets[@]}" \
         --set "model.recompute=$mode" --dry-run 2>&1) || bench_failed "the dry run ($mode)" "$out"
   activations[$mode]=$(awk '$1 == "activations" { print $2; exit }' <<<"$out")
 done
 for ((round = 1; round <= repeats; round++)); do
   for mode in "${modes[@]}"; do
-    out=$("$build/bin/dtrain-bench" train --config "$repo/examples/configs/$config.json" --steps "$steps" \
+    out=$("$build/bin/dtrain-bench" train --config "$config_file" --steps "$steps" \
           --warmup 1 --peak-seconds 0.2 "${sets[@]}" --set "model.recompute=$mode" 2>&1) ||
       bench_failed "dtrain-bench ($mode)" "$out"
     value=$(awk '$1 == "tokens_per_s:" { print $2; exit }' <<<"$out")

@@ -14,6 +14,7 @@
 
 #include "support/run_command.h"
 #include "support/temp_dir.h"
+#include "support/tiny_lm.h"
 
 namespace dtrain::testing {
 namespace {
@@ -34,15 +35,7 @@ CommandResult run_bench(const std::string& script, const std::string& env, const
 
 // A config that trains in milliseconds.
 std::string tiny_lm(const TempDir& dir) {
-  return dir.write("tiny.json", R"({
-  "model": {"kind": "lm", "vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2,
-            "d_ff": 64, "max_seq_len": 16},
-  "data": {"kind": "synthetic", "seq_len": 16},
-  "optimizer": {"lr": 3e-3},
-  "schedule": {"warmup_steps": 2},
-  "train": {"steps": 20, "micro_batch_size": 4, "log_every": 1, "eval_every": 0, "eval_batches": 2}
-})")
-      .string();
+  return dir.write("tiny.json", quiet_tiny_lm_json(20, 2, 1)).string();
 }
 
 // The PEERS value that reaches an installed PyTorch without installing one
@@ -114,6 +107,16 @@ TEST(BenchScripts, MemoryZeroMeasuresEveryStage) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* figure : {"stage0_world2_ratio", "stage3_world2_ratio"}) {
     EXPECT_THAT(r.output, ContainsRegex(fmt::format("{}: [0-9]+\\.[0-9]+", figure))) << r.output;
+  }
+}
+
+TEST(BenchScripts, RecomputeMeasuresEveryMode) {
+  TempDir dir;
+  const CommandResult r =
+      run_bench("recompute.sh", fmt::format("CONFIG={} MICRO_BATCH=2 SEQ=16 STEPS=1 REPEATS=1", tiny_lm(dir)), "");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* mode : {"none", "selective", "full"}) {
+    EXPECT_THAT(r.output, ContainsRegex(fmt::format("{} +[0-9.]+ +[0-9.]+x +[0-9.]+ +[0-9.]+x", mode))) << r.output;
   }
 }
 

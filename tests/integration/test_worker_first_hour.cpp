@@ -15,6 +15,7 @@
 #include "support/processes.h"
 #include "support/run_command.h"
 #include "support/temp_dir.h"
+#include "support/tiny_lm.h"
 
 namespace dtrain::testing {
 namespace {
@@ -25,14 +26,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 // A small LM on synthetic tokens (about 20 ms a step).
-const char* kTinyLm = R"({
-  "model": {"kind": "lm", "vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2,
-            "d_ff": 64, "max_seq_len": 16},
-  "data": {"kind": "synthetic", "seq_len": 16},
-  "optimizer": {"lr": 3e-3},
-  "schedule": {"warmup_steps": 5},
-  "train": {"steps": 30, "micro_batch_size": 4, "log_every": 5, "eval_every": 0, "eval_batches": 2}
-})";
+const std::string kQuietLm = quiet_tiny_lm_json(30, 5, 5);
 
 CommandResult worker(const std::filesystem::path& config, const std::string& args) {
   return run_command(fmt::format("{}/dtrain-worker --config {} {}", bin_dir(), config.string(), args));
@@ -61,7 +55,7 @@ std::pair<Spawned, std::string> stop_worker_at(const std::filesystem::path& conf
 // the schedule, counts only its own steps and keeps both configs.
 TEST(WorkerFirstHour, CtrlCSavesAndTheRunResumes) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const auto out = dir / "run";
   const auto [stopped, first] = stop_worker_at(config, out, dir.file("worker.log"), 10, SIGINT, 120s);
   ASSERT_EQ(stopped.exit_code(), 0) << stopped.outcome() << "\n" << first;
@@ -93,7 +87,7 @@ TEST(WorkerFirstHour, CtrlCSavesAndTheRunResumes) {
 // never written over.
 TEST(WorkerFirstHour, RunFolderWithoutCheckpointRestartsInPlace) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const auto out = dir / "run";
   stop_worker_at(config, out, dir.file("worker.log"), 5, SIGKILL, 30s);  // no save: nothing to resume from
   ASSERT_TRUE(std::filesystem::exists(out / "metrics.jsonl"));
@@ -117,7 +111,7 @@ TEST(WorkerFirstHour, RunFolderWithoutCheckpointRestartsInPlace) {
 // folder; with a checkpoint it scores it and leaves config.json alone.
 TEST(WorkerFirstHour, EvalOnlyNeverRefusesTheRunFolder) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const auto out = dir / "run";
   const std::string run = "--set train.out_dir=" + out.string();
   ASSERT_EQ(worker(config, run + " --set train.steps=5").exit_code, 0);
@@ -143,7 +137,7 @@ TEST(WorkerFirstHour, EvalOnlyNeverRefusesTheRunFolder) {
 // device, precision and threads at the start.
 TEST(WorkerFirstHour, ConsoleSpeaksEarlyAndSaysWhatRunsWhere) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const CommandResult r = worker(config, "--set train.steps=10 --set train.out_dir=" + (dir / "a").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ContainsRegex("step +1/10 \\| loss"));
@@ -162,7 +156,7 @@ TEST(WorkerFirstHour, ConsoleSpeaksEarlyAndSaysWhatRunsWhere) {
 // OpenMP threads wait passively unless the environment chooses (core/openmp_wait.h).
 TEST(WorkerFirstHour, OpenMpThreadsWaitPassivelyUnlessTheEnvironmentChooses) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const std::pair<const char*, const char*> cases[] = {
       {"env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_NUM_THREADS=2", "2 OpenMP thread(s) per rank (passive wait)"},
       {"env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active", "(active wait)"},
@@ -181,7 +175,7 @@ TEST(WorkerFirstHour, OpenMpThreadsWaitPassivelyUnlessTheEnvironmentChooses) {
 // train.steps below schedule.warmup_steps runs, clamped, with a warning.
 TEST(WorkerFirstHour, ShortRunClampsTheWarmup) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const CommandResult r = worker(config, "--set train.steps=3 --set train.out_dir=" + (dir / "run").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("warmup is clamped to 3 steps"));
@@ -192,7 +186,7 @@ TEST(WorkerFirstHour, ShortRunClampsTheWarmup) {
 // fits the GPU, and says when there is no GPU to check against.
 TEST(WorkerFirstHour, CudaDryRunDoesNotClaimTheGpuFits) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const CommandResult r = worker(config, "--dry-run --set device=cuda --set train.out_dir=" + (dir / "run").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, Not(HasSubstr("the run fits")));
@@ -206,7 +200,7 @@ TEST(WorkerFirstHour, CudaDryRunDoesNotClaimTheGpuFits) {
 // backend=nccl on a CPU run names the field the user set.
 TEST(WorkerFirstHour, NcclOnACpuRunNamesTheBackend) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const CommandResult r = worker(config, "--set parallel.backend=nccl --set train.out_dir=" + (dir / "run").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("config field 'parallel.backend': nccl moves GPU memory, but device is \"cpu\""));
@@ -219,7 +213,7 @@ TEST(WorkerFirstHour, NoDriverIsSaidPlainly) {
   if (std::filesystem::exists("/proc/driver/nvidia/version")) GTEST_SKIP() << "this machine has an NVIDIA driver";
   if (!std::filesystem::exists(bin_dir() + "/../lib/libdtrain_cuda.so")) GTEST_SKIP() << "built without CUDA";
   TempDir dir;
-  const auto config = dir.write("tiny.json", kTinyLm);
+  const auto config = dir.write("tiny.json", kQuietLm);
   const CommandResult r = worker(config, "--set device=cuda --set train.out_dir=" + (dir / "run").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("config field 'device': cuda needs a GPU: no NVIDIA driver was found"));

@@ -22,6 +22,21 @@ inline std::string tiny_lm_json(int grad_accum_steps, int timeout_s) {
   "parallel": {"timeout_s": )" + std::to_string(timeout_s) + "}\n}";
 }
 
+// The same model without dropout or evaluation, one rank's plain run:
+// `steps` steps, warmup `warmup`, a progress line every `log_every`.
+inline std::string quiet_tiny_lm_json(int steps, int warmup, int log_every) {
+  return R"({
+  "model": {"kind": "lm", "vocab_size": 64, "d_model": 32, "n_heads": 2, "n_layers": 2,
+            "d_ff": 64, "max_seq_len": 16},
+  "data": {"kind": "synthetic", "seq_len": 16},
+  "optimizer": {"lr": 3e-3},
+  "schedule": {"warmup_steps": )" +
+         std::to_string(warmup) + R"(},
+  "train": {"steps": )" + std::to_string(steps) + R"(, "micro_batch_size": 4, "log_every": )" +
+         std::to_string(log_every) + R"(, "eval_every": 0, "eval_batches": 2}
+})";
+}
+
 // What the multi-process worker, mpirun and Slurm tests train.
 inline const std::string kTinyLm = tiny_lm_json(2, 30);
 
