@@ -32,6 +32,11 @@ CommandResult worker(const std::filesystem::path& config, const std::string& arg
   return run_command(fmt::format("{}/dtrain-worker --config {} {}", bin_dir(), config.string(), args));
 }
 
+// A worker on the quiet tiny config with `args`, writing to <dir>/run.
+CommandResult quiet_run(const TempDir& dir, const std::string& args) {
+  return worker(dir.write("tiny.json", kQuietLm), args + " --set train.out_dir=" + (dir / "run").string());
+}
+
 // A worker training "forever" into `out`, started in the background (its
 // output in `log`), sent `signal` once it logged step `step`: the process,
 // reaped (within `timeout`), and its log.
@@ -175,8 +180,7 @@ TEST(WorkerFirstHour, OpenMpThreadsWaitPassivelyUnlessTheEnvironmentChooses) {
 // train.steps below schedule.warmup_steps runs, clamped, with a warning.
 TEST(WorkerFirstHour, ShortRunClampsTheWarmup) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kQuietLm);
-  const CommandResult r = worker(config, "--set train.steps=3 --set train.out_dir=" + (dir / "run").string());
+  const CommandResult r = quiet_run(dir, "--set train.steps=3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("warmup is clamped to 3 steps"));
   EXPECT_THAT(read_file(dir / "run" / "config.json"), HasSubstr("\"warmup_steps\": 3"));
@@ -186,8 +190,7 @@ TEST(WorkerFirstHour, ShortRunClampsTheWarmup) {
 // fits the GPU, and says when there is no GPU to check against.
 TEST(WorkerFirstHour, CudaDryRunDoesNotClaimTheGpuFits) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kQuietLm);
-  const CommandResult r = worker(config, "--dry-run --set device=cuda --set train.out_dir=" + (dir / "run").string());
+  const CommandResult r = quiet_run(dir, "--dry-run --set device=cuda");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, Not(HasSubstr("the run fits")));
   EXPECT_THAT(r.output, ContainsRegex("needs about [0-9.]+ MiB of GPU memory, not checked against the GPU's: "));
@@ -200,8 +203,7 @@ TEST(WorkerFirstHour, CudaDryRunDoesNotClaimTheGpuFits) {
 // backend=nccl on a CPU run names the field the user set.
 TEST(WorkerFirstHour, NcclOnACpuRunNamesTheBackend) {
   TempDir dir;
-  const auto config = dir.write("tiny.json", kQuietLm);
-  const CommandResult r = worker(config, "--set parallel.backend=nccl --set train.out_dir=" + (dir / "run").string());
+  const CommandResult r = quiet_run(dir, "--set parallel.backend=nccl");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("config field 'parallel.backend': nccl moves GPU memory, but device is \"cpu\""));
   EXPECT_THAT(r.output, Not(HasSubstr("field 'device'")));
@@ -213,8 +215,7 @@ TEST(WorkerFirstHour, NoDriverIsSaidPlainly) {
   if (std::filesystem::exists("/proc/driver/nvidia/version")) GTEST_SKIP() << "this machine has an NVIDIA driver";
   if (!std::filesystem::exists(bin_dir() + "/../lib/libdtrain_cuda.so")) GTEST_SKIP() << "built without CUDA";
   TempDir dir;
-  const auto config = dir.write("tiny.json", kQuietLm);
-  const CommandResult r = worker(config, "--set device=cuda --set train.out_dir=" + (dir / "run").string());
+  const CommandResult r = quiet_run(dir, "--set device=cuda");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("config field 'device': cuda needs a GPU: no NVIDIA driver was found"));
   EXPECT_THAT(r.output, Not(HasSubstr("insufficient")));
