@@ -65,11 +65,11 @@ using BlockReader = std::function<void(int block, std::span<float> out)>;
 
 struct OnnxOptions {
   bool int8 = false;
-  // An lm only: the cached decoder form (below) instead of the plain graph.
-  bool with_past = false;
   std::string doc;  // the model's doc_string: where it came from
   // Extra metadata_props (key, value), after dtrain's own ("dtrain.kind", ...).
   std::vector<std::pair<std::string, std::string>> metadata;
+  // An lm only: the cached decoder form (above) instead of the plain graph.
+  bool with_past = false;
 };
 
 // One parameter as the graph holds it: f32 under its own name, or an int8
