@@ -56,7 +56,8 @@ std::string repeat_kv(GraphBuilder& g, const RuntimeShapes& s, const std::string
 
 }  // namespace
 
-RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, const ModelConfig& c) {
+RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, const ModelConfig& c,
+                             const std::string& past) {
   const std::int64_t d = c.d_model, heads = c.n_heads, kv_heads = c.kv_heads(), head_dim = d / heads;
   RuntimeShapes s;
   // Shape's start/end attributes (opset 15) take the leading dims of either input.
@@ -74,7 +75,21 @@ RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, const Mo
   s.axis0 = g.constant_i64("axes.0", {0}, {1});
   // As nn/attention.cpp computes it, in float.
   s.score_scale = g.constant_f32("attn.scale", 1.0f / std::sqrt(static_cast<float>(head_dim)));
-  if (c.kind == ModelConfig::Kind::lm) {
+  if (!past.empty()) {
+    s.past = g.node("Shape", {past}, "shape.past", {{"start", std::int64_t{2}}, {"end", std::int64_t{3}}});
+    s.end = g.node("Add", {s.past, s.seq}, "shape.end");
+    // future[i, j] = i + past < j: row i is the new token at position past + i, column j any cached or new position.
+    const std::string past_scalar = g.node("Squeeze", {s.past, s.axis0}, "shape.past_scalar");
+    const std::string end_scalar = g.node("Squeeze", {s.end, s.axis0}, "shape.end_scalar");
+    const std::string one = g.constant_i64("const.1", {1}, {});
+    const std::string row_positions = g.node("Range", {past_scalar, end_scalar, one}, "mask.row_positions");
+    const std::string col_positions =
+        g.node("Range", {g.constant_i64("const.0", {0}, {}), end_scalar, one}, "mask.col_positions");
+    const std::string rows = g.node("Unsqueeze", {row_positions, g.constant_i64("axes.1", {1}, {1})}, "mask.rows");
+    const std::string cols = g.node("Unsqueeze", {col_positions, s.axis0}, "mask.cols");
+    s.future = g.node("Less", {rows, cols}, "mask.future");
+    s.neg_inf = g.constant_f32("mask.neg_inf", -std::numeric_limits<float>::infinity());
+  } else if (c.kind == ModelConfig::Kind::lm) {
     // future[i, j] = i < j over positions 0..seq-1 of this run's seq.
     const std::string seq_scalar = g.node("Squeeze", {s.seq, s.axis0}, "shape.seq_scalar");
     const std::string positions = g.node(
@@ -90,9 +105,11 @@ RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, const Mo
   }
   if (c.position == ModelConfig::Position::rope) {
     rope_tables(g, c);
-    const std::string start = g.constant_i64("rope.start", {0}, {1});
-    s.rope_cos = g.node("Slice", {"rope.cos", start, s.seq, s.axis0}, "rope.cos_seq");
-    s.rope_sin = g.node("Slice", {"rope.sin", start, s.seq, s.axis0}, "rope.sin_seq");
+    // Rows 0 .. seq - 1, or past .. past + seq - 1 in the cached decoder.
+    const std::string start = past.empty() ? g.constant_i64("rope.start", {0}, {1}) : s.past;
+    const std::string end = past.empty() ? s.seq : s.end;
+    s.rope_cos = g.node("Slice", {"rope.cos", start, end, s.axis0}, "rope.cos_seq");
+    s.rope_sin = g.node("Slice", {"rope.sin", start, end, s.axis0}, "rope.sin_seq");
     s.rope_halves = g.constant_i64("shape.rope_halves", {head_dim / 2, head_dim / 2}, {2});
   }
   return s;
@@ -173,7 +190,8 @@ std::string mlp_activation(GraphBuilder& g, const ModelConfig& c, const std::str
   return {};
 }
 
-std::string attention(GraphBuilder& g, const RuntimeShapes& s, const std::string& qkv, const std::string& out) {
+std::string attention(GraphBuilder& g, const RuntimeShapes& s, const std::string& qkv, const std::string& out,
+                      const KvCache* cache) {
   // [N, (H + 2 Hkv) hd] -> [batch, seq, H + 2 Hkv, hd] -> [batch, H + 2 Hkv, seq, hd] -> q, k, v.
   const std::string heads = g.node("Reshape", {qkv, s.qkv_heads}, out + ".qkv_heads");
   const std::string by_head = g.node("Transpose", {heads}, out + ".by_head", {{"perm", std::vector<std::int64_t>{0, 2, 1, 3}}});
@@ -182,6 +200,10 @@ std::string attention(GraphBuilder& g, const RuntimeShapes& s, const std::string
   if (!s.rope_cos.empty()) {
     q = rotate(g, s, q, out + ".q_rotated");
     k = rotate(g, s, k, out + ".k_rotated");
+  }
+  if (cache != nullptr) {
+    k = g.node("Concat", {cache->past_k, k}, cache->present_k, {{"axis", std::int64_t{2}}});
+    v = g.node("Concat", {cache->past_v, v}, cache->present_v, {{"axis", std::int64_t{2}}});
   }
   if (!s.kv_repeat.empty()) {
     k = repeat_kv(g, s, k, out + ".k_repeated");

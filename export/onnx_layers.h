@@ -44,14 +44,29 @@ struct RuntimeShapes {
   // each, the half-width table repeated twice (cos_p_i at columns i and i + half).
   std::string rope_cos, rope_sin;
   std::string rope_halves;  // int64 [2]: half, half (Split of a head into its halves)
+  // The cached decoder (an lm with past key/values), else "": the new tokens
+  // sit at positions past .. past + seq - 1, so the learned or rotary
+  // positions are those rows and `future` is [seq, past + seq], true where
+  // column j > row i + past.
+  std::string past;         // int64 [1]: past_seq, the positions the cache holds
+  std::string end;          // int64 [1]: past_seq + seq
+};
+
+// One layer's key/value cache in the cached decoder: the graph inputs past_k
+// and past_v [batch, Hkv, past_seq, head_dim] and the outputs present_k and
+// present_v [batch, Hkv, past_seq + seq, head_dim] (keys after rotation).
+struct KvCache {
+  std::string past_k, past_v, present_k, present_v;
 };
 
 // Adds the RuntimeShapes of `input` (tokens [batch, seq] or patches [batch,
 // seq, patch_dim]) for the config's d_model, heads and key/value heads; the
 // lm gets the causal mask, rotary positions their tables: initializers
 // "rope.cos" and "rope.sin" [max_seq_len, head_dim] from nn::rope_table,
-// sliced to seq rows.
-RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, const nn::ModelConfig& c);
+// sliced to seq rows. `past`: for the cached decoder, a past key/value input
+// whose dim 2 is past_seq ("" for the plain graph).
+RuntimeShapes runtime_shapes(GraphBuilder& g, const std::string& input, const nn::ModelConfig& c,
+                             const std::string& past = "");
 
 // The norm config.norm chooses (LayerNorm or RMSNorm, eps config.norm_eps)
 // with weight prefix.weight (and LayerNorm's bias prefix.bias).
@@ -93,7 +108,10 @@ std::string mlp_activation(GraphBuilder& g, const nn::ModelConfig& c, const std:
 // query heads (query head h reads key/value head h / (H / Hkv)); then S = Q
 // K^T / sqrt(head_dim), with the lm's causal mask (columns after the row set
 // to -inf, so softmax gives them exactly 0), P = softmax(S) in f32, O = P V;
-// returns O as [N, d].
-std::string attention(GraphBuilder& g, const RuntimeShapes& s, const std::string& qkv, const std::string& out);
+// returns O as [N, d]. With `cache`, the new keys and values are appended to
+// the past ones (Concat along the sequence) as present_k / present_v, and the
+// queries attend to all of them.
+std::string attention(GraphBuilder& g, const RuntimeShapes& s, const std::string& qkv, const std::string& out,
+                      const KvCache* cache = nullptr);
 
 }  // namespace dtrain::exporter

@@ -30,12 +30,13 @@ bool is_linear_weight(std::string_view name) {
 // initializers, then the nodes of every block in order.
 class OnnxBuilder {
  public:
-  OnnxBuilder(const nn::ModelConfig& config, const nn::ParameterLayout& layout, bool int8, onnx::GraphProto* graph)
-      : c_(config), layout_(layout), int8_(int8), g_(graph) {}
+  OnnxBuilder(const nn::ModelConfig& config, const nn::ParameterLayout& layout, bool int8, bool with_past,
+              onnx::GraphProto* graph)
+      : c_(config), layout_(layout), int8_(int8), with_past_(with_past), g_(graph) {}
 
   void build() {
     declare_io();
-    shapes_ = runtime_shapes(g_, input_name(c_), c_);
+    shapes_ = runtime_shapes(g_, input_name(c_), c_, with_past_ ? past_name(0, "key") : "");
     for (const ParameterTensor& t : parameter_tensors(c_, layout_, int8_)) declare(t);
     x_ = embeddings();
     for (int l = 0; l < c_.n_layers; ++l) x_ = layer(l);
@@ -56,6 +57,18 @@ class OnnxBuilder {
     } else {
       g_.output(kLogitsOutput, onnx::TensorProto::FLOAT, {0, c_.num_classes}, {"batch", ""});
     }
+    if (!with_past_) return;
+    const std::vector<std::int64_t> dims = {0, c_.kv_heads(), 0, c_.head_dim()};
+    for (int l = 0; l < c_.n_layers; ++l) {
+      for (const char* what : {"key", "value"}) {
+        g_.input(past_name(l, what), onnx::TensorProto::FLOAT, dims, {"batch", "", "past_seq", ""});
+      }
+    }
+    for (int l = 0; l < c_.n_layers; ++l) {
+      for (const char* what : {"key", "value"}) {
+        g_.output(present_name(l, what), onnx::TensorProto::FLOAT, dims, {"batch", "", "total_seq", ""});
+      }
+    }
   }
 
   // The initializers of one parameter, their data left empty for write_onnx_model.
@@ -69,13 +82,15 @@ class OnnxBuilder {
     g_.initializer(p.name + "_scale", onnx::TensorProto::FLOAT, {p.shape[0]})->set_raw_data("");
   }
 
-  // Embeddings (+ the first seq learned positions) as the residual stream [N, d].
+  // Embeddings (+ the first seq learned positions, or rows past .. past + seq
+  // - 1 in the cached decoder) as the residual stream [N, d].
   std::string embeddings() {
     const bool learned = c_.position == nn::ModelConfig::Position::learned;
     const std::string pos =
-        learned ? g_.node("Slice", {"pos_emb", g_.constant_i64("const.0_1d", {0}, {1}), shapes_.seq, shapes_.axis0},
-                          "embed.positions")
-                : "";
+        !learned   ? ""
+        : with_past_ ? g_.node("Slice", {"pos_emb", shapes_.past, shapes_.end, shapes_.axis0}, "embed.positions")
+                     : g_.node("Slice", {"pos_emb", g_.constant_i64("const.0_1d", {0}, {1}), shapes_.seq, shapes_.axis0},
+                               "embed.positions");
     std::string by_token;
     if (c_.input == nn::ModelConfig::Input::tokens) {
       by_token = g_.node("Gather", {"tok_emb", kTokensInput}, "embed.tokens", {{"axis", std::int64_t{0}}});
@@ -94,7 +109,9 @@ class OnnxBuilder {
     const std::string p = fmt::format("layer.{}.", l);
     const std::string ln1 = norm(g_, c_, x_, p + "ln1", p + "ln1");
     const std::string qkv = linear_layer(ln1, p + "qkv", p + "qkv");
-    const std::string attn = attention(g_, shapes_, qkv, p + "attn");
+    const KvCache cache{past_name(l, "key"), past_name(l, "value"), present_name(l, "key"),
+                        present_name(l, "value")};
+    const std::string attn = attention(g_, shapes_, qkv, p + "attn", with_past_ ? &cache : nullptr);
     const std::string proj = linear_layer(attn, p + "proj", p + "proj");
     const std::string mid = g_.node("Add", {x_, proj}, p + "mid");
     const std::string ln2 = norm(g_, c_, mid, p + "ln2", p + "ln2");
@@ -131,6 +148,7 @@ class OnnxBuilder {
   const nn::ModelConfig& c_;
   const nn::ParameterLayout& layout_;
   bool int8_;
+  bool with_past_;
   GraphBuilder g_;
   RuntimeShapes shapes_;
   std::string x_;  // the residual stream after the blocks built so far
@@ -178,6 +196,10 @@ void parameters_as_inputs(onnx::GraphProto& graph) {
 
 }  // namespace
 
+std::string past_name(int layer, const char* what) { return fmt::format("past_key_values.{}.{}", layer, what); }
+
+std::string present_name(int layer, const char* what) { return fmt::format("present.{}.{}", layer, what); }
+
 const char* input_name(const nn::ModelConfig& config) {
   return config.input == nn::ModelConfig::Input::tokens ? kTokensInput : kPatchesInput;
 }
@@ -197,6 +219,10 @@ std::vector<ParameterTensor> parameter_tensors(const nn::ModelConfig& config, co
 onnx::ModelProto build_onnx_graph(const nn::ModelConfig& config, const nn::ParameterLayout& layout,
                                   const OnnxOptions& options) {
   check_config(config);
+  if (options.with_past && config.kind != Kind::lm) {
+    throw ConfigError("--with-past", "the key/value cache is a language model's (model.kind lm); a classifier "
+                                     "reads its whole input at once: export it without --with-past");
+  }
   onnx::ModelProto model;
   model.set_ir_version(onnx::IR_VERSION);
   model.set_producer_name("dtrain");
@@ -213,11 +239,13 @@ onnx::ModelProto build_onnx_graph(const nn::ModelConfig& config, const nn::Param
   meta("dtrain.kind", config.kind == Kind::lm ? "lm" : "classifier");
   meta("dtrain.max_seq_len", std::to_string(config.max_seq_len));
   meta("dtrain.quantization", options.int8 ? "int8 dynamic (per-channel weights)" : "none");
+  if (options.with_past) meta("dtrain.with_past", "past_key_values.<layer>.key/value in, present.<layer>.key/value out");
   for (const auto& [key, value] : options.metadata) meta(key, value);
 
   onnx::GraphProto* graph = model.mutable_graph();
-  graph->set_name(config.kind == Kind::lm ? "dtrain_lm" : "dtrain_classifier");
-  OnnxBuilder(config, layout, options.int8, graph).build();
+  graph->set_name(config.kind == Kind::lm ? (options.with_past ? "dtrain_lm_with_past" : "dtrain_lm")
+                                          : "dtrain_classifier");
+  OnnxBuilder(config, layout, options.int8, options.with_past, graph).build();
   // ONNX checks initializers' data, which is not there yet: the checks run on
   // the same graph with the parameters as typed graph inputs instead, and the
   // shapes they infer are kept.

@@ -6,6 +6,18 @@
 //   classifier  tokens   int64 [batch, seq]                 -> logits float [batch, classes]
 //               patches  float [batch, n_patches, patch_dim] -> logits float [batch, classes]
 //
+// The cached decoder of an lm (OnnxOptions::with_past), as optimum exports
+// one, reads and writes each layer l's key/value cache beside them:
+//
+//   inputs   past_key_values.<l>.key / .value  float [batch, n_kv_heads, past_seq, head_dim]
+//   outputs  present.<l>.key / .value          float [batch, n_kv_heads, past_seq + seq, head_dim]
+//
+// The new tokens are positions past_seq .. past_seq + seq - 1 (learned or
+// rotary positions from row past_seq, keys cached after rotation) and attend
+// to every cached position and to the new ones up to their own. The prompt
+// runs once with past_seq = 0 (empty past tensors); each next token runs alone
+// with the previous run's present as its past. past_seq + seq <= max_seq_len.
+//
 // batch and the sequence length are dynamic (the sequence up to
 // model.max_seq_len: positions are the first seq rows of pos_emb, or of the
 // rotary tables rope.cos and rope.sin). The graph computes what
@@ -42,6 +54,11 @@ inline constexpr const char* kTokensInput = "tokens";
 inline constexpr const char* kPatchesInput = "patches";
 inline constexpr const char* kLogitsOutput = "logits";
 
+// The cached decoder's names of layer l's cache: "past_key_values.<l>.key",
+// "present.<l>.value", ... (`what` is "key" or "value").
+std::string past_name(int layer, const char* what);
+std::string present_name(int layer, const char* what);
+
 // Fills `out` (exactly block `block`'s numel) with that block's flat f32
 // parameters, in the layout's order. Throws dtrain::Error on failure.
 using BlockReader = std::function<void(int block, std::span<float> out)>;
@@ -51,6 +68,8 @@ struct OnnxOptions {
   std::string doc;  // the model's doc_string: where it came from
   // Extra metadata_props (key, value), after dtrain's own ("dtrain.kind", ...).
   std::vector<std::pair<std::string, std::string>> metadata;
+  // An lm only: the cached decoder form (above) instead of the plain graph.
+  bool with_past = false;
 };
 
 // One parameter as the graph holds it: f32 under its own name, or an int8

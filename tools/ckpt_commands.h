@@ -30,6 +30,7 @@ struct CkptExportOptions {
   std::string quantize;                // "" (f32) or "int8" (onnx, triton)
   std::string name;                    // triton: the model's name; "" picks dtrain_<kind>[_int8]
   std::optional<int> max_batch;        // triton: max_batch_size (default exporter::TritonOptions's)
+  bool with_past = false;              // onnx, lm: the cached decoder (past key/values in, present out)
 };
 
 // Converts the step's fp32 master parameters (tensor "params", read block by
@@ -37,6 +38,7 @@ struct CkptExportOptions {
 // precision saved them):
 //   safetensors  one tensor per layout parameter, to options.out;
 //   onnx         the model as ONNX (export/onnx_model.h), optionally int8, to options.out;
+//                with_past: an lm's cached decoder form instead of the plain graph;
 //   triton       OUT/NAME/config.pbtxt and OUT/NAME/1/model.onnx (export/triton_config.h).
 // Refuses an existing file or model directory and never leaves a partial one
 // there: everything is written aside and moved into place when complete.

@@ -156,6 +156,9 @@ void check_options(const CkptExportOptions& o) {
     throw ConfigError("--quantize", "safetensors holds the f32 master parameters; --quantize int8 goes with "
                                     "--format onnx or triton");
   }
+  if (o.with_past && o.format != "onnx") {
+    throw ConfigError("--with-past", "the cached decoder is an ONNX graph: use it with --format onnx");
+  }
   if (o.format != "triton" && (!o.name.empty() || o.max_batch.has_value())) {
     throw ConfigError(o.name.empty() ? "--max-batch" : "--name", "this option describes a Triton model: use it "
                                                                  "with --format triton");
@@ -165,9 +168,10 @@ void check_options(const CkptExportOptions& o) {
 const char* kind_name(const nn::ModelConfig& c) { return c.kind == nn::ModelConfig::Kind::lm ? "lm" : "classifier"; }
 
 // The checked graph; its parameters are streamed in by write_onnx.
-onnx::ModelProto onnx_graph(const ck::Manifest& manifest, const SavedModel& model, bool int8) {
+onnx::ModelProto onnx_graph(const ck::Manifest& manifest, const SavedModel& model, bool int8, bool with_past) {
   exporter::OnnxOptions options;
   options.int8 = int8;
+  options.with_past = with_past;
   options.doc = fmt::format("dtrain {} exported from checkpoint step {} (saved by {} rank(s), ZeRO stage {})",
                             kind_name(model.model), manifest.step(), manifest.world_size(), manifest.zero_stage());
   options.metadata = {{"dtrain.step", std::to_string(manifest.step())}};
@@ -207,9 +211,10 @@ int run_ckpt_export(const CkptExportOptions& options, std::ostream& out) {
     return 0;
   }
   if (!triton) {
-    const onnx::ModelProto graph = onnx_graph(manifest, model, int8);
+    const onnx::ModelProto graph = onnx_graph(manifest, model, int8, options.with_past);
     write_new_file(env, options.out, [&](ck::WritableFile& f) { write_onnx(graph, model, read, int8, f); });
-    out << fmt::format("exported {} to {} ({} bytes, ONNX opset {})\n", describe(model, manifest, int8),
+    out << fmt::format("exported {}{} to {} ({} bytes, ONNX opset {})\n", describe(model, manifest, int8),
+                       options.with_past ? " as the cached decoder (past key/values in, present out)" : "",
                        options.out.string(), env.file_size(options.out), exporter::kOnnxOpset);
     return 0;
   }
@@ -220,7 +225,7 @@ int run_ckpt_export(const CkptExportOptions& options, std::ostream& out) {
   t.cpu_only = int8;
   const fs::path dir = options.out / t.name;
   refuse_existing(env, dir);
-  const onnx::ModelProto graph = onnx_graph(manifest, model, int8);
+  const onnx::ModelProto graph = onnx_graph(manifest, model, int8, false);
   const std::string pbtxt = exporter::to_pbtxt(exporter::triton_config(graph, t));
   const bool made_repo = !env.exists(options.out);
   env.create_directories(options.out);

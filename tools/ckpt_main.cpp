@@ -2,7 +2,7 @@
 //   dtrain-ckpt inspect DIR
 //   dtrain-ckpt verify DIR [--ignore-uncommitted]   (exit 1 when a step fails to verify or never committed)
 //   dtrain-ckpt export DIR --format safetensors --out FILE
-//   dtrain-ckpt export DIR --format onnx --out FILE [--quantize int8]
+//   dtrain-ckpt export DIR --format onnx --out FILE [--quantize int8] [--with-past]
 //   dtrain-ckpt export DIR --format triton --out REPO [--name NAME] [--max-batch N] [--quantize int8]
 // DIR: a checkpoint root (inspect and export use the step `latest` names) or a
 // step directory (step_NNNNNNNNN).
@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   exporter->add_option("--quantize", export_options.quantize, "int8: dynamic quantization of every Linear (onnx, triton)");
   exporter->add_option("--name", export_options.name, "triton: the model's name (default dtrain_<kind>[_int8])");
   exporter->add_option("--max-batch", export_options.max_batch, "triton: max_batch_size (default 32)");
+  exporter->add_flag("--with-past", export_options.with_past,
+                     "onnx, lm: the cached decoder (past_key_values.<l>.key/value in, present.<l>.key/value out)");
   if (const auto code = dtrain::parse_args(app, argc, argv, "dtrain-ckpt")) return *code;
   return dtrain::run_main("dtrain-ckpt", [&] {
     if (inspect->parsed()) return dtrain::tools::run_ckpt_inspect(inspect_dir, std::cout);

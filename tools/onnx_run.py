@@ -15,6 +15,15 @@ with the ONNX protobuf classes it already links.
         outputs go beside them as ort_output_<i>.pb, in the model's output
         order (output_<i>.pb is the layout's name for expected outputs)
 
+    onnx_run.py MODEL --greedy N --input tokens=FILE.pb --out-dir DIR
+        greedy decoding with the cached decoder of an lm (dtrain-ckpt export
+        --with-past): the prompt [batch, P] runs once with an empty cache, then
+        each new token runs alone with the previous run's present.<l>.* fed
+        back as past_key_values.<l>.*; N new tokens (argmax of the last
+        position's logits). Writes DIR/tokens.pb (int64 [batch, N]) and
+        DIR/logits.pb (float [batch, P + N - 1, vocab], the logits of every
+        position run, in order)
+
 No file is overwritten: an output file that exists already is an error.
     onnx_run.py MODEL --input NAME=FILE.pb [...] --bench N [--threads N]
         runs the model N times after two warm-up runs and prints
@@ -58,6 +67,8 @@ def parse_args(argv):
     p.add_argument("--from-config", metavar="CONFIG",
                    help="make the input batch from the data of this training config (a run's config.json)")
     p.add_argument("--batch", type=int, default=8, help="--from-config: rows of the batch (default 8)")
+    p.add_argument("--greedy", type=int, default=0, metavar="N",
+                   help="greedy decoding of N tokens with the cached decoder (needs --input tokens=... and --out-dir)")
     args = p.parse_args(argv)
     if args.data_sets and (args.input or args.out_dir or args.bench or args.from_config):
         p.error("--data-sets reads its inputs and writes its outputs in DIR: no --input, --out-dir, --bench or "
@@ -66,6 +77,11 @@ def parse_args(argv):
         p.error("--from-config makes the inputs: no --input")
     if args.batch < 1:
         p.error("--batch must be at least 1")
+    if args.greedy and (args.data_sets or args.bench or args.from_config or not args.out_dir or not args.input):
+        p.error("--greedy N reads the prompt from --input tokens=FILE.pb and writes to --out-dir DIR; no "
+                "--data-sets, --bench or --from-config")
+    if args.greedy < 0:
+        p.error("--greedy must not be negative")
     if not args.data_sets and not args.bench and not args.out_dir and not args.from_config:
         p.error("give --out-dir DIR, --data-sets DIR, --bench N or --from-config CONFIG")
     return args
@@ -113,6 +129,34 @@ def run(sess, feeds, where):
         return sess.run(None, feeds)
     except Exception as e:  # ORT's own exception types: a bad shape, a token outside the vocabulary
         fail(f"{where}: ONNX Runtime failed: {e}")
+
+
+def greedy(sess, feeds, steps, where):
+    """Greedy decoding with the cache: (new tokens [batch, steps], logits of every position run)."""
+    import numpy as np
+    if "tokens" not in feeds:
+        fail(f"{where}: --greedy reads the prompt from --input tokens=FILE.pb")
+    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    if not pasts:
+        fail(f"{where}: the model has no past_key_values.* inputs: export it with dtrain-ckpt export --with-past")
+    names = [o.name for o in sess.get_outputs()]
+    tokens = feeds["tokens"].astype(np.int64)
+    batch = tokens.shape[0]
+    cache = {i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=np.float32) for i in pasts}
+    new, logits = [], []
+    for step in range(steps):
+        outputs = dict(zip(names, run(sess, {"tokens": tokens, **cache}, f"{where} (step {step})")))
+        logits.append(outputs["logits"])
+        past_seq = next(iter(cache.values())).shape[2]
+        for name in cache:
+            present = outputs["present." + name[len("past_key_values."):]]
+            if present.shape[2] != past_seq + tokens.shape[1]:
+                fail(f"{where}: {name} holds {present.shape[2]} positions after step {step}, not "
+                     f"{past_seq + tokens.shape[1]}")
+            cache[name] = present
+        tokens = outputs["logits"][:, -1, :].argmax(axis=-1).astype(np.int64)[:, None]
+        new.append(tokens)
+    return np.concatenate(new, axis=1), np.concatenate(logits, axis=1)
 
 
 def run_data_sets(sess, root):
@@ -273,6 +317,12 @@ def main(argv):
         feeds, labels, where = batch_from_config(args.from_config, args.batch)
     else:
         feeds = load_inputs(args.input)
+    if args.greedy:
+        tokens, logits = greedy(sess, feeds, args.greedy, args.model)
+        os.makedirs(args.out_dir, exist_ok=True)
+        write_tensor(os.path.join(args.out_dir, "tokens.pb"), "tokens", tokens)
+        write_tensor(os.path.join(args.out_dir, "logits.pb"), "logits", logits)
+        return 0
     outputs = run(sess, feeds, args.model)
     if args.check:
         print(f"onnx.checker (full_check): '{args.model}' passes")
