@@ -70,7 +70,7 @@ void TensorBoardLog::guarded(Write&& write) {
 
 void TensorBoardLog::log_step(std::int64_t step, const StepScalars& s) {
   if (!on()) return;
-  const std::array<telemetry::ScalarValue, 8> values{{
+  std::vector<telemetry::ScalarValue> values{{
       {"loss/train", s.loss},
       {"lr", s.lr},
       {"grad_norm", s.grad_norm},
@@ -80,6 +80,7 @@ void TensorBoardLog::log_step(std::int64_t step, const StepScalars& s) {
       {"time/exposed_comm_ms", s.exposed_comm_ms},
       {"memory/peak_rss_mib", s.peak_rss_mib},
   }};
+  if (s.mfu > 0.0) values.push_back({"throughput/mfu", s.mfu});
   guarded([&] {
     start_session();
     writer_->add_scalars(step, values);

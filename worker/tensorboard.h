@@ -34,6 +34,7 @@ struct StepScalars {
   double model_tflops = 0.0;     // model FLOP/s / 1e12 (MFU's numerator)
   double exposed_comm_ms = 0.0;  // waiting for gradient collectives after backward, per step
   double peak_rss_mib = 0.0;     // this process's peak resident set
+  double mfu = 0.0;              // model FLOP/s over the rank's peak (--peak-flops); 0: no peak, no tag
 };
 
 class TensorBoardLog {

@@ -370,9 +370,9 @@ void Trainer::log_progress(const StepResult& r, double tokens_per_s, double step
 // The figures of metrics.jsonl's step line, and those only TensorBoard gets.
 void Trainer::log_tensorboard(const StepResult& r, double tokens_per_s, double step_ms, double exposed_s) {
   if (!tensorboard_) return;
-  tensorboard_->log_step(r.step, {r.loss, r.lr, r.grad_norm, tokens_per_s, step_ms,
-                                  model_config_.flops_per_token(seq_) * tokens_per_s / 1e12, 1e3 * exposed_s,
-                                  peak_rss_mb()});
+  const double flops = model_config_.flops_per_token(seq_) * tokens_per_s;
+  tensorboard_->log_step(r.step, {r.loss, r.lr, r.grad_norm, tokens_per_s, step_ms, flops / 1e12, 1e3 * exposed_s,
+                                  peak_rss_mb(), options_.peak_flops > 0.0 ? flops / options_.peak_flops : 0.0});
 }
 
 // Every rank asks (ZeRO-3 gathers the parameters with every rank).

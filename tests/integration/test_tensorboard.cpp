@@ -128,6 +128,7 @@ TEST(TensorBoard, ReadsBackEveryScalarTheConfigAndTheHistograms) {
     for (const auto& [step, v] : values) EXPECT_GT(v, 0.0) << tag << " step " << step;
   }
   EXPECT_EQ(series(tb, "scalars", "time/exposed_comm_ms").size(), 30u);
+  EXPECT_TRUE(series(tb, "scalars", "throughput/mfu").empty()) << "no peak given, no MFU";
 
   // The config, as config.json has it, at step 0 (indented: a Markdown code block).
   ASSERT_TRUE(tb["texts"].contains("config")) << tb["texts"].dump();
@@ -155,6 +156,26 @@ TEST(TensorBoard, ReadsBackEveryScalarTheConfigAndTheHistograms) {
         EXPECT_GT(v["sum_squares"].get<double>(), 0.0) << tag;
       }
     }
+  }
+}
+
+// Given a peak (--peak-flops), every logged step also has its MFU: the model
+// FLOP/s over the peak.
+TEST(TensorBoard, APeakGivesEachStepItsMfu) {
+  TempDir dir;
+  const auto out = dir / "run";
+  const CommandResult r = run_command(fmt::format("{}/dtrain-worker --config {} --peak-flops 1e9 --set train.steps=5 "
+                                                  "--set train.out_dir={}",
+                                                  bin_dir(), tiny_config(dir, 5), out.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json tb = tensorboard_read(out / "tensorboard", dir);
+  const auto mfu = series(tb, "scalars", "throughput/mfu");
+  const auto tflops = series(tb, "scalars", "throughput/model_tflops");
+  ASSERT_EQ(mfu.size(), 5u);
+  ASSERT_EQ(tflops.size(), 5u);
+  for (const auto& [step, value] : mfu) {
+    ASSERT_EQ(tflops.count(step), 1u) << "step " << step;
+    EXPECT_NEAR(value, tflops.at(step) * 1e3, 1e-5 * tflops.at(step) * 1e3) << "step " << step;
   }
 }
 
