@@ -130,9 +130,8 @@ TEST(BenchScripts, OnnxExportTimesTheExport) {
 }
 
 TEST(BenchScripts, OnnxLatencyRunsBothModels) {
-  if (!std::filesystem::exists(venv_python())) {
-    GTEST_SKIP() << venv_python() << " is missing (scripts/setup.sh installs ONNX Runtime into .venv/)";
-  }
+  ASSERT_TRUE(std::filesystem::exists(venv_python()))
+      << venv_python() << " is missing: run scripts/setup.sh (it installs ONNX Runtime into .venv/)";
   TempDir dir;
   const CommandResult r = run_bench("onnx-latency.sh", fmt::format("CONFIG={} BATCH=2 RUNS=2", tiny_lm(dir)),
                                     build_dir());
@@ -144,10 +143,8 @@ TEST(BenchScripts, OnnxLatencyRunsBothModels) {
 
 TEST(BenchScripts, ComparePytorchAgainstAnInstalledTorch) {
   const std::string peer = installed_torch_peer();
-  if (peer.empty()) {
-    GTEST_SKIP() << "no PyTorch installed (neither Debian's python3-torch nor .venv-torch from "
-                    "scripts/setup-torch.sh): compare-pytorch.sh has nothing to compare against";
-  }
+  ASSERT_FALSE(peer.empty()) << "no PyTorch installed: run scripts/setup.sh (it installs Debian's "
+                                "python3-torch), which compare-pytorch.sh compares against";
   const CommandResult r =
       run_bench("compare-pytorch.sh", fmt::format("STEPS=2 PRECISIONS=fp32 PEERS={}", peer), "lm-small", 600);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -156,10 +153,8 @@ TEST(BenchScripts, ComparePytorchAgainstAnInstalledTorch) {
 
 TEST(BenchScripts, CompareDdpAgainstAnInstalledTorch) {
   const std::string peer = installed_torch_peer();
-  if (peer.empty()) {
-    GTEST_SKIP() << "no PyTorch installed (neither Debian's python3-torch nor .venv-torch from "
-                    "scripts/setup-torch.sh): compare-ddp.sh has nothing to compare against";
-  }
+  ASSERT_FALSE(peer.empty()) << "no PyTorch installed: run scripts/setup.sh (it installs Debian's "
+                                "python3-torch), which compare-ddp.sh compares against";
   const CommandResult r = run_bench(
       "compare-ddp.sh", fmt::format("STEPS=2 WARMUP=1 STAGES=0 BACKENDS=gloo PEERS={}", peer), "lm-small", 600);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -50,7 +50,7 @@ comm::EtcdStore::Options etcd_options(const std::string& endpoints, const std::s
 struct EtcdBackend {
   static constexpr int kConcurrentClients = 8;  // add is a compare-and-swap: etcd has no increment
   static constexpr int kAddsEach = 25;
-  static std::string skip_reason() { return etcd_binary().empty() ? kNoEtcd : ""; }
+  static std::string missing() { return etcd_binary().empty() ? kNoEtcd : ""; }
   std::string prefix = fmt::format("contract-{}-{}/", ::getpid(), next());
   std::shared_ptr<Store> client() {
     return std::make_shared<comm::EtcdStore>(etcd_options(shared_cluster().endpoints(), prefix));
@@ -73,7 +73,7 @@ INSTANTIATE_TYPED_TEST_SUITE_P(Etcd, StoreContract, ::testing::Types<EtcdBackend
 class EtcdStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (etcd_binary().empty()) GTEST_SKIP() << kNoEtcd;
+    ASSERT_FALSE(etcd_binary().empty()) << kNoEtcd;
   }
 };
 
@@ -174,7 +174,7 @@ std::vector<std::string> etcd_node_args(const std::string& nnodes, int rank, con
 class LaunchEtcd : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (etcd_binary().empty()) GTEST_SKIP() << kNoEtcd;
+    ASSERT_FALSE(etcd_binary().empty()) << kNoEtcd;
     ASSERT_EQ(cluster_.start(), "");
   }
   EtcdCluster cluster_;
@@ -218,7 +218,7 @@ TEST_F(LaunchEtcd, TwoNodesTrainToTheEndAsByHandWhileAnEtcdMemberIsKilled) {
 // them: the agents reach etcd and each other at 198.51.100.x, the workers
 // listen on their host's own address (its name resolves to it there).
 TEST(LaunchEtcdNamespaces, TwoAgentsInTwoNetworkNamespacesTrainThroughEtcd) {
-  if (etcd_binary().empty()) GTEST_SKIP() << kNoEtcd;
+  ASSERT_FALSE(etcd_binary().empty()) << kNoEtcd;
   Namespaces ns;
   const std::string why = ns.make();
   ASSERT_TRUE(why.empty()) << "cannot make two network namespaces (needs root and iproute2, which "

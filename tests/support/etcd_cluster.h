@@ -33,7 +33,7 @@ inline std::string etcd_binary() {
 }
 
 inline constexpr char kNoEtcd[] =
-    "no etcd binary (/usr/bin/etcd): install Debian's etcd-server (scripts/setup.sh does)";
+    "no etcd binary (/usr/bin/etcd): run scripts/setup.sh (it installs Debian's etcd-server)";
 
 // Where a member runs: its address, and what its command line starts with
 // (e.g. `ip netns exec NS` for a member inside a network namespace).

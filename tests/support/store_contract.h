@@ -2,8 +2,8 @@
 // typed test suite: a test file instantiates it with a backend type that
 // hands out clients of one fresh store (`std::shared_ptr<Store> client()`)
 // and says how many clients add to one counter at once
-// (kConcurrentClients, kAddsEach); a static skip_reason() may say why the
-// machine cannot run it (the tests then skip):
+// (kConcurrentClients, kAddsEach); a static missing() may say what the
+// machine lacks that the backend needs (the tests then fail, saying so):
 //   INSTANTIATE_TYPED_TEST_SUITE_P(Name, StoreContract, ::testing::Types<MyBackend>);
 // in namespace dtrain::testing.
 #pragma once
@@ -37,10 +37,10 @@ using ::testing::IsEmpty;
 template <class Backend>
 class StoreContract : public ::testing::Test {
  protected:
-  // A backend that needs something the machine may lack says why in skip_reason().
+  // A backend that needs something the setup installs says what is missing in missing().
   void SetUp() override {
-    if constexpr (requires { Backend::skip_reason(); }) {
-      if (const std::string why = Backend::skip_reason(); !why.empty()) GTEST_SKIP() << why;
+    if constexpr (requires { Backend::missing(); }) {
+      if (const std::string why = Backend::missing(); !why.empty()) GTEST_FAIL() << why;
     }
   }
   std::shared_ptr<Store> client() { return backend_.client(); }
