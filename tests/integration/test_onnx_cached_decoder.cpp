@@ -49,20 +49,6 @@ const std::vector<DecoderRun> kRuns = {
 
 constexpr std::int64_t kBatch = 2, kPrompt = 5, kNew = 16;
 
-// Trains `json` for 5 steps (micro-batch 4) into dir/name and returns its checkpoint root.
-fs::path train(const TempDir& dir, const std::string& name, const std::string& json) {
-  const fs::path config = dir.write(name + ".json", json);
-  const fs::path root = dir / (name + "_ckpt");
-  const CommandResult r = run_command(fmt::format(
-      "{}/dtrain-worker --config {} --set train.steps=5 --set train.micro_batch_size=4 --set optimizer.lr=3e-3 "
-      "--set checkpoint.every_steps=5 --set checkpoint.dir={} --set train.out_dir={}",
-      bin_dir(), config.string(), root.string(), (dir / (name + "_run")).string()));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return root;
-}
-
-CommandResult ckpt(const std::string& args) { return run_command(bin_dir() + "/dtrain-ckpt " + args); }
-
 // An int64 tensor written by onnx_run.py (numpy_helper.from_array: raw_data).
 std::vector<std::int64_t> read_int64_tensor(const fs::path& file, std::vector<std::int64_t>* dims) {
   onnx::TensorProto t;
@@ -97,7 +83,7 @@ TEST(OnnxCachedDecoder, GreedyDecodingWithTheCacheMatchesDtrainGenerateAndThePla
   TempDir dir;
   std::mt19937 rng(11);
   for (const DecoderRun& run : kRuns) {
-    const fs::path root = train(dir, run.name, run.json);
+    const fs::path root = train_checkpoint(dir, run.name, run.json);
     const fs::path plain = dir / (std::string(run.name) + ".onnx");
     const fs::path cached = dir / (std::string(run.name) + ".with_past.onnx");
     ASSERT_EQ(ckpt(fmt::format("export {} --format onnx --out {}", root.string(), plain.string())).exit_code, 0);
@@ -167,7 +153,7 @@ TEST(OnnxCachedDecoder, GreedyDecodingWithTheCacheMatchesDtrainGenerateAndThePla
 
 TEST(OnnxCachedDecoder, WithPastIsForOnnxOnly) {
   TempDir dir;
-  const fs::path root = train(dir, "lm", kRuns[0].json);
+  const fs::path root = train_checkpoint(dir, "lm", kRuns[0].json);
   const CommandResult r =
       ckpt(fmt::format("export {} --format triton --with-past --out {}", root.string(), (dir / "repo").string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -74,20 +74,6 @@ const std::vector<TinyRun> kRuns = {
                          "data": {"kind": "synthetic", "seq_len": 12}})", {12, 5}},
 };
 
-// Trains `json` for 5 steps (micro-batch 4) into dir/name and returns its checkpoint root.
-fs::path train(const TempDir& dir, const std::string& name, const std::string& json) {
-  const fs::path config = dir.write(name + ".json", json);
-  const fs::path root = dir / (name + "_ckpt");
-  const CommandResult r = run_command(fmt::format(
-      "{}/dtrain-worker --config {} --set train.steps=5 --set train.micro_batch_size=4 --set optimizer.lr=3e-3 "
-      "--set checkpoint.every_steps=5 --set checkpoint.dir={} --set train.out_dir={}",
-      bin_dir(), config.string(), root.string(), (dir / (name + "_run")).string()));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return root;
-}
-
-CommandResult ckpt(const std::string& args) { return run_command(bin_dir() + "/dtrain-ckpt " + args); }
-
 // The export `args` fails (exit 2) with `message` in its output.
 void expect_refused(const std::string& args, const std::string& message) {
   const CommandResult r = ckpt(args);
@@ -111,7 +97,7 @@ TEST(OnnxExport, OnnxRuntimeComputesDtrainsLogits) {
   TempDir dir;
   std::mt19937 rng(7);
   for (const TinyRun& run : kRuns) {
-    const fs::path root = train(dir, run.name, run.json);
+    const fs::path root = train_checkpoint(dir, run.name, run.json);
     const fs::path model = dir / (std::string(run.name) + ".onnx");
     expect_export(fmt::format("export {} --format onnx --out {}", root.string(), model.string()));
     const ck::Manifest manifest = ck::read_manifest(*ck::default_env(), ck::step_dir(root, 5));
@@ -172,7 +158,7 @@ TEST(OnnxExport, OnnxRuntimeComputesDtrainsLogits) {
 // without training, so the three hold identical fp32 masters.
 TEST(OnnxExport, AnyWorldStageOrPrecisionExportsTheSameGraph) {
   TempDir dir;
-  const fs::path one = train(dir, "one", kRuns[0].json);
+  const fs::path one = train_checkpoint(dir, "one", kRuns[0].json);
   const fs::path step = ck::step_dir(one, 5);
   const std::string json = fmt::format(R"({{"model": {{"kind": "lm", "vocab_size": 64, "d_model": 32, "n_heads": 2,
       "n_layers": 2, "d_ff": 64, "max_seq_len": 16, "tie_embeddings": true}},
@@ -216,8 +202,8 @@ TEST(OnnxExport, AnyWorldStageOrPrecisionExportsTheSameGraph) {
 
 TEST(OnnxExport, TritonRepositoryMatchesTheGraph) {
   TempDir dir;
-  const fs::path lm = train(dir, "lm", kRuns[0].json);
-  const fs::path cls = train(dir, "cls", kRuns[2].json);
+  const fs::path lm = train_checkpoint(dir, "lm", kRuns[0].json);
+  const fs::path cls = train_checkpoint(dir, "cls", kRuns[2].json);
   const fs::path repo = dir / "models";
   expect_export(fmt::format("export {} --format triton --out {} --max-batch 16", lm.string(), repo.string()));
   expect_export(fmt::format("export {} --format triton --out {} --name fashion --quantize int8", cls.string(),
@@ -273,7 +259,7 @@ TEST(OnnxExport, TritonRepositoryMatchesTheGraph) {
 
 TEST(OnnxExport, BadInputIsAClearErrorAndNothingIsOverwritten) {
   TempDir dir;
-  const fs::path root = train(dir, "lm", kRuns[1].json);
+  const fs::path root = train_checkpoint(dir, "lm", kRuns[1].json);
   const fs::path out = dir / "out";
   fs::create_directories(out);
 

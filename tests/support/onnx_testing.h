@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <fmt/format.h>
 #include <onnx/onnx_pb.h>
 
 #include "checkpoint/checkpoint.h"
@@ -27,10 +28,26 @@
 #include "nn/parameters.h"
 #include "nn/transformer.h"
 #include "support/run_command.h"
+#include "support/temp_dir.h"
 #include "worker/config.h"
 #include "worker/trainer.h"
 
 namespace dtrain::testing {
+
+// Trains `json` for 5 steps (micro-batch 4) into dir/name and returns its checkpoint root.
+inline std::filesystem::path train_checkpoint(const TempDir& dir, const std::string& name, const std::string& json) {
+  const std::filesystem::path config = dir.write(name + ".json", json);
+  const std::filesystem::path root = dir / (name + "_ckpt");
+  const CommandResult r = run_command(fmt::format(
+      "{}/dtrain-worker --config {} --set train.steps=5 --set train.micro_batch_size=4 --set optimizer.lr=3e-3 "
+      "--set checkpoint.every_steps=5 --set checkpoint.dir={} --set train.out_dir={}",
+      bin_dir(), config.string(), root.string(), (dir / (name + "_run")).string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return root;
+}
+
+// dtrain-ckpt with `args`.
+inline CommandResult ckpt(const std::string& args) { return run_command(bin_dir() + "/dtrain-ckpt " + args); }
 
 // Fails the current test unless the virtual environment with ONNX Runtime exists.
 inline void require_onnx_runtime() {
