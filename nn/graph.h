@@ -37,7 +37,8 @@
 // where the kernels read them best dense (the CPU pads them where oneDNN's
 // sgemm would otherwise copy them for the weight gradients).
 //
-// The definitions are in graph_forward.h and graph_backward.h; a device's
+// The definitions are in graph_forward.h, graph_backward.h and (the
+// block's pieces, each forward beside its backward) graph_pieces.h; a device's
 // model file includes them and instantiates Graph for its kernel sets.
 #pragma once
 

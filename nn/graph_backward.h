@@ -61,21 +61,6 @@ void Graph<K>::head_backward(float grad_scale) {
 }
 
 template <class K>
-void Graph<K>::norm_backward(int base, NormParams p, const float* dy, const float* x, const float* mean,
-                             const float* rstd, float* dx, bool accumulate_dx, float* dx_sums) {
-  const ModelConfig& c = config();
-  const float* w = param(base + p.weight, false);
-  float* dw = param(base + p.weight, true);
-  if (c.norm == ModelConfig::Norm::rmsnorm) {
-    DTRAIN_CHECK(dx_sums == nullptr, "RMSNorm's backward does not sum its columns");
-    k_.rmsnorm_backward(dy, x, w, rstd, dx, dw, tokens(), c.d_model, accumulate_dx);
-  } else {
-    k_.layernorm_backward(dy, x, w, mean, rstd, dx, dw, param_at(base, p.bias, true), tokens(), c.d_model,
-                          accumulate_dx, dx_sums);
-  }
-}
-
-template <class K>
 float* Graph<K>::resid_sums() {
   const ModelConfig& c = config();
   if (dropout_active_ || !c.bias || c.norm != ModelConfig::Norm::layernorm) return nullptr;
@@ -126,76 +111,6 @@ void Graph<K>::layer_backward(int l) {
   attention_backward(base, L, branch_grad(2 * l));
   norm_backward(base, lp_.norm1, d_tmp, x, L.norm1.mean.data(), L.norm1.rstd.data(), d_resid, true,
                 l > 0 ? resid_sums() : nullptr);
-}
-
-// Selective recompute computes the activation again from h (kept as fc1
-// left it) before fc2's weight gradient reads it; GELU then leaves gelu'(h)
-// in h as forward does without recompute.
-template <class K>
-void Graph<K>::mlp_backward(int base, Layer& L, const float* g_mlp) {
-  const ModelConfig& c = config();
-  const std::int64_t n = tokens(), d = c.d_model, ff = c.d_ff, hs = acts_.strides.h, as = acts_.strides.a;
-  const bool swiglu = c.mlp == ModelConfig::Mlp::swiglu;
-  T* h = L.mlp.h.data();
-  T* a = acts_.mlp_out(L);
-  if (c.recompute == Recompute::selective) {
-    if (swiglu) {
-      k_.swiglu_forward(h, a, n, ff, hs, as);
-    } else {
-      k_.gelu_forward(h, a, h, n * hs, c.mlp == ModelConfig::Mlp::gelu_tanh ? GeluForm::tanh : GeluForm::erf);
-    }
-  }
-  const int fc2 = base + lp_.fc2.weight, fc1 = base + lp_.fc1.weight;
-  T* d_a = swiglu ? acts_.d_a.data() : acts_.d_h.data();
-  k_.linear_backward(as_storage(g_mlp, acts_.d_resid16.data(), n * d), g_mlp, static_cast<const T*>(a), matrix(fc2),
-                     d_a, param(fc2, true), branch_bias_grad(base, lp_.fc2), n, ff, d, weights_version(fc2),
-                     LinearRows{.in = as});
-  // fc1's bias gradient is summed in the same pass.
-  float* fc1_bias = param_at(base, lp_.fc1.bias, true);
-  if (swiglu) {
-    k_.swiglu_backward(d_a, h, acts_.d_h.data(), fc1_bias, n, ff, as, hs);
-  } else {
-    k_.gelu_backward(acts_.d_h.data(), h, acts_.d_h.data(), fc1_bias, n, ff, hs);  // h holds gelu'
-  }
-  k_.linear_backward(acts_.d_h.data(), static_cast<const float*>(nullptr), L.norm2.y.data(), matrix(fc1),
-                     acts_.d_tmp.data(), param(fc1, true), nullptr, n, d, c.fc1_width(), weights_version(fc1),
-                     LinearRows{.out = hs});
-}
-
-// With rotary positions or grouped heads, the core's gradient d_qkv goes
-// back through qkv_heads_backward into the packed layout (in acts_.qkv,
-// which backward does not use otherwise), summing the bias gradient there;
-// else the core sums it while it scatters d_qkv.
-template <class K>
-void Graph<K>::attention_backward(int base, Layer& L, const float* g_attn) {
-  const ModelConfig& c = config();
-  const std::int64_t n = tokens(), d = c.d_model;
-  const int proj = base + lp_.proj.weight, qkv = base + lp_.qkv.weight;
-  const T* dy_attn = as_storage(g_attn, acts_.d_resid16.data(), n * d);
-  const AttentionSaved<T> saved{L.attn.q.data(), L.attn.k.data(), L.attn.v.data(), L.attn.lse.data()};
-  const bool reshape = reshapes_heads();
-  float* qkv_bias = param_at(base, lp_.qkv.bias, true);
-  float* core_bias = reshape ? nullptr : qkv_bias;
-  if constexpr (requires { &K::attention_output_grad; }) {  // dO straight into the heads' layout
-    k_.attention_output_grad(attn_shape_, dy_attn, matrix(proj), weights_version(proj), acts_.d_attn.data());
-    k_.linear_backward(dy_attn, g_attn, L.attn.out.data(), matrix(proj), static_cast<T*>(nullptr), param(proj, true),
-                       branch_bias_grad(base, lp_.proj), n, d, d);
-    k_.attention_backward(attn_shape_, static_cast<const T*>(nullptr), acts_.d_qkv.data(), saved,
-                          acts_.attention_scratch(), core_bias, acts_.d_attn.data());
-  } else {
-    k_.linear_backward(dy_attn, g_attn, L.attn.out.data(), matrix(proj), acts_.d_attn.data(), param(proj, true),
-                       branch_bias_grad(base, lp_.proj), n, d, d, weights_version(proj));
-    k_.attention_backward(attn_shape_, acts_.d_attn.data(), acts_.d_qkv.data(), saved, acts_.attention_scratch(),
-                          core_bias);
-  }
-  const T* d_packed = acts_.d_qkv.data();
-  if (reshape) {
-    k_.qkv_heads_backward(heads_shape(), acts_.d_qkv.data(), acts_.qkv.data(), rope_cos_.data(), rope_sin_.data(),
-                          qkv_bias);
-    d_packed = acts_.qkv.data();
-  }
-  k_.linear_backward(d_packed, static_cast<const float*>(nullptr), L.norm1.y.data(), matrix(qkv), acts_.d_tmp.data(),
-                     param(qkv, true), nullptr, n, d, c.qkv_width(), weights_version(qkv));
 }
 
 template <class K>

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "nn/dropout.h"
 #include "nn/graph.h"
+#include "nn/graph_pieces.h"
 #include "nn/rotary.h"
 
 namespace dtrain::nn {
@@ -316,90 +317,6 @@ void Graph<K>::layer_forward(int l, bool training) {
   mlp_forward(base, L, training);
   residual_branch(acts_.mlp_out(L), base + lp_.fc2.weight, param_at(base, lp_.fc2.bias, false), L.mid.data(), out,
                   config().d_ff, 2 * l + 1, acts_.strides.a);
-}
-
-template <class K>
-template <class E>
-void Graph<K>::norm_forward(int base, NormParams p, const float* x, E* y, float* mean, float* rstd, float* x_copy) {
-  const ModelConfig& c = config();
-  const float* w = param(base + p.weight, false);
-  if (c.norm == ModelConfig::Norm::rmsnorm) {
-    k_.rmsnorm_forward(x, w, y, rstd, tokens(), c.d_model, c.norm_eps, x_copy);
-  } else {
-    k_.layernorm_forward(x, w, param_at(base, p.bias, false), y, mean, rstd, tokens(), c.d_model, x_copy,
-                         c.norm_eps);
-  }
-}
-
-template <class K>
-bool Graph<K>::reshapes_heads() const {
-  return config().position == ModelConfig::Position::rope || config().kv_heads() != config().n_heads;
-}
-
-template <class K>
-HeadsShape Graph<K>::heads_shape() const {
-  const ModelConfig& c = config();
-  return HeadsShape{span_.batch, span_.seq, c.n_heads, c.kv_heads(), c.head_dim(), span_.position};
-}
-
-// The projection writes straight into the heads the core reads where the
-// kernel set can (attention_project) and nothing sits between them;
-// otherwise into the interleaved qkv, through qkv_heads_forward first
-// (rotary positions, grouped heads: the packed projection goes to d_qkv,
-// which forward does not use).
-template <class K>
-void Graph<K>::attention_forward(int l, int base, Layer& L) {
-  const ModelConfig& c = config();
-  const std::int64_t n = tokens(), d = c.d_model;
-  const int weight = base + lp_.qkv.weight;
-  const float* bias = param_at(base, lp_.qkv.bias, false);
-  const AttentionSaved<T> saved{L.attn.q.data(), L.attn.k.data(), L.attn.v.data(), L.attn.lse.data()};
-  const bool reshape = reshapes_heads();
-  const T* qkv = acts_.qkv.data();
-  if constexpr (requires { &K::attention_project; }) {
-    if (!decoding_ && !reshape) {
-      k_.attention_project(attn_shape_, L.norm1.y.data(), matrix(weight), bias, weights_version(weight), saved);
-      qkv = nullptr;
-    }
-  }
-  if (qkv != nullptr) {
-    T* packed = reshape ? acts_.d_qkv.data() : acts_.qkv.data();
-    k_.linear_forward(L.norm1.y.data(), matrix(weight), bias, packed, n, d, c.qkv_width(), false,
-                      weights_version(weight));
-    if (reshape) k_.qkv_heads_forward(heads_shape(), packed, acts_.qkv.data(), rope_cos_.data(), rope_sin_.data());
-  }
-  if constexpr (requires { &K::attention_cached; }) {
-    if (decoding_) {
-      const std::int64_t capacity = c.max_seq_len;
-      const std::int64_t layer = static_cast<std::int64_t>(l) * capacity * c.kv_heads() * c.head_dim();
-      k_.attention_cached(attn_shape_, span_.position, capacity, qkv, k_cache_.data() + layer,
-                          v_cache_.data() + layer, L.attn.out.data(), cache_scores_.data());
-    }
-  }
-  if (!decoding_) k_.attention_forward(attn_shape_, qkv, L.attn.out.data(), saved, acts_.attention_scratch());
-}
-
-// GELU overwrites h with gelu'(h) when training (backward needs only the
-// derivative), unless selective recompute keeps h to compute the activation
-// again in backward. Rows h_stride apart: the padding columns, which
-// nothing reads, go through GELU too (zeros at first, then GELU's finite
-// outputs).
-template <class K>
-void Graph<K>::mlp_forward(int base, Layer& L, bool training) {
-  const ModelConfig& c = config();
-  const std::int64_t n = tokens(), hs = acts_.strides.h;
-  const int weight = base + lp_.fc1.weight;
-  T* h = L.mlp.h.data();
-  T* a = acts_.mlp_out(L);
-  k_.linear_forward(L.norm2.y.data(), matrix(weight), param_at(base, lp_.fc1.bias, false), h, n, c.d_model,
-                    c.fc1_width(), false, weights_version(weight), LinearRows{.out = hs});
-  if (c.mlp == ModelConfig::Mlp::swiglu) {
-    k_.swiglu_forward(h, a, n, c.d_ff, hs, acts_.strides.a);
-    return;
-  }
-  const bool keep_h = c.recompute == Recompute::selective;
-  k_.gelu_forward(h, a, training && !keep_h ? h : nullptr, n * hs,
-                  c.mlp == ModelConfig::Mlp::gelu_tanh ? GeluForm::tanh : GeluForm::erf);
 }
 
 template <class K>
