@@ -41,7 +41,8 @@ std::string tiny_lm(const TempDir& dir) {
 // The PEERS value that reaches an installed PyTorch without installing one
 // ("debian" or "pypi"), or "" when there is none.
 std::string installed_torch_peer() {
-  if (run_command("timeout 60 python3 -c 'import torch' 2>&1").exit_code == 0) return "debian";
+  // Debian's python3-torch lives under /usr/bin/python3 (python3 on PATH may be another interpreter).
+  if (run_command("timeout 60 /usr/bin/python3 -c 'import torch' 2>&1").exit_code == 0) return "debian";
   const std::string venv = source_dir() + "/.venv-torch/bin/python";
   if (std::filesystem::exists(venv) && run_command("timeout 60 " + venv + " -c 'import torch' 2>&1").exit_code == 0) {
     return "pypi";
